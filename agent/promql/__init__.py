@@ -1,0 +1,1 @@
+"""PromQL subset evaluated over the DuckDB store."""

@@ -1,0 +1,1 @@
+"""Markdown/JSON rendering and charts."""

@@ -1,0 +1,1 @@
+"""Rule files (YAML data) and their promtool-format tests."""

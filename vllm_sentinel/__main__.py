@@ -1,0 +1,3 @@
+from vllm_sentinel.agent.cli import main
+
+main()
