@@ -61,6 +61,8 @@ class Batch:
     timestamps_ms: list[int | None] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     status: CollectorStatus | None = None
+    # canonical metric name -> the name the source used (only where they differ, e.g. an old alias)
+    sources: dict[str, str] = field(default_factory=dict)
 
     def add(self, metric: str, labels: str | dict[str, str], value: float | None,
             ts_ms: int | None = None) -> None:
