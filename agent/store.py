@@ -140,6 +140,15 @@ class Store:
         """A cursor for reads from another thread (DuckDB connections are not shared across threads)."""
         return self.con.cursor()
 
+    def reader(self) -> "Store":
+        """A read-only view for another thread: same partitions, its own cursor (a consistent snapshot)."""
+        view = object.__new__(Store)
+        view.__dict__.update(self.__dict__)
+        view.con = self.con.cursor()
+        view.read_only = True
+        view._partitions = dict(self._partitions)
+        return view
+
     def _load(self) -> None:
         rows = self.con.execute("SELECT series_id, instance, metric, labels_text FROM series").fetchall()
         for sid, instance, metric, text in rows:

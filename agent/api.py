@@ -1,0 +1,143 @@
+"""The daemon's local API: JSON over HTTP on a unix socket (mode 0600), so readers never fight DuckDB's lock.
+
+Routes are named operations (never raw SQL): GET /v1/health, /v1/status, /v1/diagnose?... .
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlparse
+
+Handler = Callable[[dict[str, str]], dict]
+
+
+class ApiError(Exception):
+    """The daemon answered with an error, or could not be reached."""
+
+
+class DaemonNotRunning(ApiError):
+    """No daemon listens on the socket (absent or stale)."""
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class ApiServer:
+    """Serves named read operations of the daemon on a unix socket."""
+
+    def __init__(self, socket_path: str | Path, routes: dict[str, Handler]):
+        self.socket_path = Path(socket_path)
+        self.routes = routes
+        self._server: _UnixHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind the socket (replacing a stale one, refusing a live one) and serve in a thread."""
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.exists():
+            if _answers(path):
+                raise ApiError(f"another vllm-sentinel daemon already serves {path}; "
+                               "stop it or give this one another --db")
+            path.unlink()
+        routes = self.routes
+
+        class RequestHandler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+                url = urlparse(self.path)
+                route = routes.get(url.path)
+                if route is None:
+                    return self._send(404, {"error": f"no route {url.path}"})
+                params = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                try:
+                    self._send(200, route(params))
+                except Exception as e:  # the daemon must survive any bad request
+                    self._send(500, {"error": f"{type(e).__name__}: {e}"})
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body, default=str).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def address_string(self) -> str:
+                return "unix"
+
+            def log_message(self, *args: object) -> None:
+                pass  # the daemon logs through its own logger, not stderr per request
+
+        old_umask = os.umask(0o177)  # the socket is created 0600: only the owner may ask
+        try:
+            self._server = _UnixHTTPServer(str(path), RequestHandler)
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o600)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="api", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _answers(path: Path) -> bool:
+    try:
+        call(path, "/v1/health", timeout=2.0)
+        return True
+    except ApiError:
+        return False
+
+
+def call(socket_path: str | Path, route: str, params: dict[str, object] | None = None,
+         timeout: float = 60.0) -> dict:
+    """GET a route of the daemon; raises DaemonNotRunning when nothing listens."""
+    path = str(socket_path)
+    if not os.path.exists(path):
+        raise DaemonNotRunning(f"no daemon socket at {path}")
+    query = ("?" + urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
+    conn = _UnixConnection(path, timeout)
+    try:
+        conn.request("GET", route + query)
+        resp = conn.getresponse()
+        body = json.loads(resp.read() or b"{}")
+    except (ConnectionRefusedError, FileNotFoundError) as e:
+        raise DaemonNotRunning(f"the socket {path} exists but no daemon answers (stale): {e}") from e
+    except PermissionError as e:
+        raise ApiError(f"no permission to use {path}: run as the daemon's user") from e
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+        raise ApiError(f"daemon at {path} did not answer properly: {e}") from e
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise ApiError(f"daemon at {path} answered {resp.status}: {body.get('error')}")
+    return body

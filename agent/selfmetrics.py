@@ -1,0 +1,33 @@
+"""The sidecar's own Prometheus metrics (vllm_sentinel_*), served on loopback."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class SelfMetrics:
+    """Counters and gauges about scraping, storing and incidents, in a registry of their own."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.scrape_duration = Gauge("vllm_sentinel_scrape_duration_seconds",
+                                     "Duration of the last collection of a target", ["target"], registry=r)
+        self.scrapes = Counter("vllm_sentinel_scrapes", "Collections by target and result",
+                               ["target", "result"], registry=r)
+        self.target_up = Gauge("vllm_sentinel_target_up", "1 if the last collection of a target succeeded",
+                               ["target"], registry=r)
+        self.samples_stored = Counter("vllm_sentinel_samples_stored", "Samples committed to the store", registry=r)
+        self.commit_seconds = Histogram("vllm_sentinel_store_commit_seconds", "Time to commit one tick",
+                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+                                        registry=r)
+        self.dropped_batches = Counter("vllm_sentinel_dropped_batches",
+                                       "Batches dropped because the store fell behind (queue full)", registry=r)
+        self.store_errors = Counter("vllm_sentinel_store_errors", "Failed store commits", registry=r)
+        self.series = Gauge("vllm_sentinel_series", "Series known to the store", registry=r)
+        self.incidents_active = Gauge("vllm_sentinel_incidents_active", "Firing incidents",
+                                      ["incident", "severity"], registry=r)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> object:
+        """Serve /metrics on host:port (loopback by default); returns the server."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server

@@ -1,0 +1,218 @@
+"""The sidecar daemon: collectors on a schedule -> one writer thread -> the store (+ rules, API, own metrics).
+
+Collection runs on apscheduler's thread pool (one job per collector, never overlapping itself);
+a single writer thread owns every write to DuckDB, so a tick is one transaction and nothing
+else ever holds the write path.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from vllm_sentinel.agent.api import ApiServer
+from vllm_sentinel.agent.selfmetrics import SelfMetrics
+from vllm_sentinel.agent.store import Store
+from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, now_ms
+
+log = logging.getLogger("vllm_sentinel.sidecar")
+
+DAY_MS = 86_400_000
+
+
+@dataclass
+class SidecarConfig:
+    """How often to collect, evaluate and clean up, and where to serve."""
+
+    interval_s: float = 1.0
+    eval_interval_s: float = 5.0
+    retention_ms: int = 7 * DAY_MS
+    maintenance_interval_s: float = 60.0
+    socket_path: Path | None = None
+    metrics_port: int | None = 9464  # None: do not serve the sidecar's own /metrics
+    metrics_host: str = "127.0.0.1"
+    queue_max_batches: int = 10_000  # bounded memory when the disk stalls
+    # hooks the CLI wires in (rules evaluation, extra API routes); the daemon knows nothing of rules
+    evaluate: Callable[[Store, int], dict] | None = None
+    extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
+
+
+class Sidecar:
+    """Scrape, store, evaluate and serve, until stop()."""
+
+    def __init__(self, store: Store, collectors: list[Collector], config: SidecarConfig | None = None):
+        self.store = store
+        self.collectors = collectors
+        self.config = config or SidecarConfig()
+        self.metrics = SelfMetrics()
+        self.statuses: dict[str, CollectorStatus] = {c.name: CollectorStatus(c.name, ok=True, error="not yet run")
+                                                     for c in collectors}
+        self._last_collect: dict[str, int] = {}
+        self._queue: queue.Queue[Batch] = queue.Queue(maxsize=self.config.queue_max_batches)
+        self._stopping = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(4, len(collectors) + 1))},
+                                              job_defaults={"coalesce": True, "max_instances": 1,
+                                                            "misfire_grace_time": None})
+        self._api: ApiServer | None = None
+        self._metrics_server: object | None = None
+        self.started_ms = now_ms()
+        self.last_evaluation: dict = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the writer, the schedule, the API socket and the own /metrics server."""
+        self._writer.start()
+        jitter = min(self.config.interval_s * 0.1, 1.0)
+        for c in self.collectors:
+            self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=self.config.interval_s,
+                                    jitter=jitter, id=c.name, name=c.name, next_run_time=_soon())
+        self._scheduler.start()
+        if self.config.socket_path:
+            routes = {"/v1/health": self._health, "/v1/status": lambda _p: self.status()}
+            for path, fn in self.config.extra_routes.items():
+                routes[path] = lambda params, fn=fn: fn(self.store.reader(), params)
+            self._api = ApiServer(self.config.socket_path, routes)
+            self._api.start()
+        if self.config.metrics_port is not None:
+            self._metrics_server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+
+    def stop(self) -> None:
+        """Stop collecting, commit everything already collected, then close the API (the store stays open)."""
+        if self._stopping.is_set():
+            return
+        self._scheduler.shutdown(wait=True)  # lets a running scrape finish and hand over its batch
+        self._stopping.set()
+        self._writer.join(timeout=30)
+        if self._api:
+            self._api.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()  # type: ignore[attr-defined]
+
+    def run_forever(self, duration_s: float | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or for duration_s), then stop cleanly."""
+        done = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            done.wait(timeout=duration_s)
+        finally:
+            self.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    # -- work --------------------------------------------------------------------------------
+    def _collect_one(self, collector: Collector) -> None:
+        t0 = time.monotonic()
+        try:
+            batch = collector.collect(now_ms())
+        except Exception as e:  # a collector must not raise; if one does, the daemon survives it
+            log.exception("collector %s raised", collector.name)
+            self.statuses[collector.name] = CollectorStatus(collector.name, ok=False, error=f"{type(e).__name__}: {e}")
+            self.metrics.scrapes.labels(collector.name, "error").inc()
+            return
+        took = time.monotonic() - t0
+        status = batch.status or CollectorStatus(collector.name)
+        self.statuses[collector.name] = status
+        self._last_collect[collector.name] = batch.ts_ms
+        self.metrics.scrape_duration.labels(collector.name).set(took)
+        self.metrics.target_up.labels(collector.name).set(1 if status.ok else 0)
+        self.metrics.scrapes.labels(collector.name, "ok" if status.ok else "error").inc()
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self.metrics.dropped_batches.inc()
+            log.warning("store is behind; dropped a batch of %s", collector.name)
+
+    def _write_loop(self) -> None:
+        next_eval = time.monotonic() + self.config.eval_interval_s
+        next_maint = time.monotonic()
+        while True:
+            try:
+                first = self._queue.get(timeout=0.2)
+                batches = [first]
+            except queue.Empty:
+                batches = []
+            while True:
+                try:
+                    batches.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if batches:
+                self._commit(batches)
+            elif self._stopping.is_set():
+                return
+            t = time.monotonic()
+            if self.config.evaluate and t >= next_eval:
+                next_eval = t + self.config.eval_interval_s
+                self._guard("evaluate", lambda: self._evaluate())
+            if t >= next_maint:
+                next_maint = t + self.config.maintenance_interval_s
+                self._guard("maintenance", self._maintain)
+
+    def _commit(self, batches: list[Batch]) -> None:
+        t0 = time.monotonic()
+        try:
+            n = self.store.append_many(batches)
+        except Exception:
+            self.metrics.store_errors.inc()
+            log.exception("commit of %d batches failed; they are lost", len(batches))
+            return
+        self.metrics.commit_seconds.observe(time.monotonic() - t0)
+        self.metrics.samples_stored.inc(n)
+        self.metrics.series.set(self.store._next_id)
+
+    def _evaluate(self) -> None:
+        assert self.config.evaluate is not None
+        result = self.config.evaluate(self.store, now_ms())
+        self.last_evaluation = result or {}
+        active = self.last_evaluation.get("active", {})
+        self.metrics.incidents_active.clear()
+        for (incident, severity), n in active.items():
+            self.metrics.incidents_active.labels(incident, severity).set(n)
+
+    def _maintain(self) -> None:
+        now = now_ms()
+        dropped = self.store.drop_before(now - self.config.retention_ms)
+        if dropped:
+            log.info("retention dropped %s", ", ".join(dropped))
+        self.store.sort_closed(now)
+
+    def _guard(self, what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("%s failed; the daemon keeps running", what)
+
+    # -- introspection -----------------------------------------------------------------------
+    def _health(self, _params: dict) -> dict:
+        import os
+        return {"ok": True, "pid": os.getpid(), "db": self.store.path, "started_ms": self.started_ms}
+
+    def status(self) -> dict:
+        """Targets and collectors with their health, for `vllm-sentinel status`."""
+        return {
+            "db": self.store.path,
+            "started_ms": self.started_ms,
+            "interval_s": self.config.interval_s,
+            "queue": self._queue.qsize(),
+            "collectors": [
+                {"name": name, "ok": s.ok, "error": s.error, "last_ms": self._last_collect.get(name),
+                 "detail": s.detail}
+                for name, s in self.statuses.items()
+            ],
+        }
+
+
+def _soon():
+    from datetime import datetime, timedelta
+    return datetime.now().astimezone() + timedelta(milliseconds=50)
