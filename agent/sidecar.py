@@ -22,7 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from vllm_sentinel.agent.api import ApiServer
 from vllm_sentinel.agent.selfmetrics import SelfMetrics
 from vllm_sentinel.agent.store import Store
-from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, now_ms
+from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Event, now_ms
 
 log = logging.getLogger("vllm_sentinel.sidecar")
 
@@ -122,6 +122,11 @@ class Sidecar:
             return
         took = time.monotonic() - t0
         status = batch.status or CollectorStatus(collector.name)
+        previous = self.statuses.get(collector.name)
+        if not status.ok and (previous is None or previous.ok or previous.error != status.error):
+            # the store keeps each new error once (not every tick), so diagnose can say why a target was down
+            batch.events.append(Event(batch.ts_ms, batch.instance, "scrape_error",
+                                      {"collector": collector.name}, status.error or "failed"))
         self.statuses[collector.name] = status
         self._last_collect[collector.name] = batch.ts_ms
         self.metrics.scrape_duration.labels(collector.name).set(took)

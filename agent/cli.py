@@ -1,0 +1,190 @@
+"""The `vllm-sentinel` command line: parse options, call one library function, render, map errors to exits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from vllm_sentinel.agent import api
+from vllm_sentinel.agent.paths import default_db_path, socket_path_for
+from vllm_sentinel.agent.timeparse import parse_duration_ms, parse_time_ms
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Observability and incident diagnosis for vLLM: metrics, GPU counters and stacks on one timeline.")
+out = Console()
+err = Console(stderr=True)
+
+DbOption = typer.Option(None, "--db", help="DuckDB file (default: $VLLM_SENTINEL_DB, else the per-user data dir)")
+
+
+class Exit:
+    """Exit codes: 0 ok, 1 domain problem (no data, locked, bad input), 2 usage."""
+
+    OK, PROBLEM, USAGE = 0, 1, 2
+
+
+def fail(message: str, code: int = Exit.PROBLEM) -> typer.Exit:
+    """Print one clear line to stderr and return the exit to raise."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _db(db: Optional[Path]) -> Path:
+    return db if db is not None else default_db_path()
+
+
+def _window(since: str, until: Optional[str]) -> tuple[int, int]:
+    try:
+        end = parse_time_ms(until) if until else int(time.time() * 1000)
+        return end - parse_duration_ms(since), end
+    except ValueError as e:
+        raise fail(str(e), Exit.USAGE) from None
+
+
+@app.command()
+def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM server URL (repeatable), e.g. http://127.0.0.1:8000"),
+        db: Optional[Path] = DbOption,
+        interval: str = typer.Option("1s", help="collection interval"),
+        scrape_timeout: str = typer.Option("", help="per-scrape timeout (default: the interval, at most 10s)"),
+        retention: str = typer.Option("7d", help="keep this much history; older hours are dropped whole"),
+        metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
+        duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
+        verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
+    """The sidecar daemon: scrape, store, evaluate, serve the local API."""
+    from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar
+    from vllm_sentinel.agent.store import StoreError
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        interval_s = parse_duration_ms(interval) / 1000
+        options = DaemonOptions(
+            targets=target, db=_db(db), interval_s=interval_s,
+            scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
+            retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None)
+        stop_after = parse_duration_ms(duration) / 1000 if duration else None
+    except ValueError as e:
+        raise fail(str(e), Exit.USAGE) from None
+    try:
+        sidecar = build_sidecar(options)
+    except (StoreError, api.ApiError, ValueError, OSError) as e:
+        raise fail(str(e)) from None
+    err.print(f"vllm-sentinel: watching {', '.join(options.targets)} every {interval_s:g}s -> {options.db} "
+              f"(API {socket_path_for(options.db)}"
+              + (f", /metrics on 127.0.0.1:{metrics_port})" if metrics_port else ")"), highlight=False)
+    try:
+        sidecar.run_forever(stop_after)
+    finally:
+        sidecar.store.close()
+
+
+@app.command()
+def diagnose(since: str = typer.Option("1h", help="window length, ending at --until"),
+             until: Optional[str] = typer.Option(None, help="window end: RFC 3339 or Unix seconds (default: now)"),
+             instance: Optional[str] = typer.Option(None, help="only this instance"),
+             fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
+             db: Optional[Path] = DbOption) -> None:
+    """Incidents with evidence and fixes, and a health summary, over a window of history."""
+    from vllm_sentinel.agent.client import diagnose_via_best_source
+    from vllm_sentinel.agent.diagnose import NoDataInWindow
+    from vllm_sentinel.agent.store import StoreError
+    from vllm_sentinel.reports.console import render_diagnosis
+
+    if fmt not in ("table", "markdown", "json"):
+        raise fail(f"--format {fmt!r}: use table, markdown or json", Exit.USAGE)
+    start, end = _window(since, until)
+    try:
+        doc = diagnose_via_best_source(_db(db), start, end, instance)
+    except NoDataInWindow as e:
+        raise fail(str(e)) from None
+    except (StoreError, api.ApiError) as e:
+        raise fail(str(e)) from None
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render_diagnosis(out, doc, fmt)
+
+
+@app.command()
+def ingest(file: Path = typer.Argument(..., help="Prometheus text or OpenMetrics dump"),
+           instance: Optional[str] = typer.Option(None, help="instance label where the data has none"),
+           at: Optional[str] = typer.Option(None, help="time of samples without a timestamp (default: file mtime)"),
+           db: Optional[Path] = DbOption) -> None:
+    """Import a metrics dump (with timestamps, or taken at --at) into the store."""
+    from rich.progress import Progress
+
+    from vllm_sentinel.agent.diagnose import iso
+    from vllm_sentinel.agent.ingest import IngestError, ingest_file
+    from vllm_sentinel.agent.store import Store, StoreError
+
+    try:
+        at_ms = parse_time_ms(at) if at else None
+    except ValueError as e:
+        raise fail(str(e), Exit.USAGE) from None
+    try:
+        with Store.open(_db(db)) as store, Progress(console=err, transient=True) as bar:
+            task = bar.add_task(f"ingesting {file.name}", total=None)
+            result = ingest_file(store, file, instance, at_ms,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except (IngestError, StoreError) as e:
+        raise fail(str(e)) from None
+    span = f"{iso(result.first_ms)} .. {iso(result.last_ms)}" if result.first_ms is not None else "no samples"
+    out.print(f"stored {result.samples} samples for {', '.join(result.instances) or '-'} ({span}) in {_db(db)}",
+              highlight=False)
+
+
+@app.command()
+def status(db: Optional[Path] = DbOption, fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """The daemon's targets and collectors, and their health (enabled, failing, why)."""
+    from vllm_sentinel.agent.client import status_via_daemon
+    from vllm_sentinel.reports.console import render_status
+
+    try:
+        doc = status_via_daemon(_db(db))
+    except api.DaemonNotRunning:
+        raise fail(f"no daemon is running for {_db(db)} (socket {socket_path_for(_db(db))}). "
+                   "Start one with `vllm-sentinel run --target URL`.") from None
+    except api.ApiError as e:
+        raise fail(str(e)) from None
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render_status(out, doc)
+
+
+@app.command()
+def demo(seconds: int = typer.Option(60, help="how long the sidecar watches the real server"),
+         workdir: Optional[Path] = typer.Option(None, help="where the model, database and logs go")) -> None:
+    """The embedded default: a real vLLM CPU server with a tiny model, traffic, the sidecar, a diagnosis."""
+    from vllm_sentinel.agent.demo import DemoError, run_demo
+    from vllm_sentinel.reports.console import render_diagnosis
+
+    try:
+        doc = run_demo(seconds=seconds, workdir=workdir, say=lambda m: err.print(f"[cyan]==>[/] {m}", highlight=False))
+    except DemoError as e:
+        raise fail(str(e)) from None
+    render_diagnosis(out, doc, "table")
+
+
+def _mount_optional_groups() -> None:
+    # command groups owned by their own modules (thin typer sub-apps)
+    try:
+        from vllm_sentinel.agent.cli_rules import app as rules_app
+    except ImportError:
+        return
+    app.add_typer(rules_app, name="rules")
+
+
+_mount_optional_groups()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

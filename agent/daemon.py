@@ -1,0 +1,46 @@
+"""Wiring for `vllm-sentinel run`: collectors for the targets, the store, rules, the API routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_sentinel.agent.client import daemon_route_diagnose
+from vllm_sentinel.agent.paths import socket_path_for
+from vllm_sentinel.agent.sidecar import Sidecar, SidecarConfig
+from vllm_sentinel.agent.store import Store
+from vllm_sentinel.collectors.vllm import VllmCollector
+
+
+@dataclass
+class DaemonOptions:
+    """Everything `run` needs, already validated."""
+
+    targets: list[str]
+    db: Path
+    interval_s: float = 1.0
+    scrape_timeout_s: float = 1.0
+    retention_ms: int = 7 * 86_400_000
+    metrics_port: int | None = 9464
+    socket_path: Path | None = None
+    extra_collectors: list = field(default_factory=list)
+
+
+def build_sidecar(options: DaemonOptions) -> Sidecar:
+    """A ready-to-start Sidecar; raises with a clear message on misconfiguration."""
+    if not options.targets:
+        raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000")
+    if options.interval_s <= 0:
+        raise ValueError("--interval must be positive")
+    collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s) for t in options.targets]
+    names = [c.instance for c in collectors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the same target is given twice: {names}")
+    for c in collectors:
+        c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
+    store = Store.open(options.db)
+    config = SidecarConfig(
+        interval_s=options.interval_s, retention_ms=options.retention_ms,
+        socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
+        extra_routes={"/v1/diagnose": daemon_route_diagnose()})
+    return Sidecar(store, collectors + list(options.extra_collectors), config)
