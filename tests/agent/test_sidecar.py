@@ -1,0 +1,192 @@
+"""The daemon end to end against a loopback HTTP target serving a real vLLM capture.
+
+The target misbehaves on command (down, slow, garbage) to prove the daemon keeps running, records
+`up 0` with the error, and recovers. The daemon is the real `vllm-sentinel run` process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from vllm_sentinel.agent import api
+from vllm_sentinel.agent.paths import socket_path_for
+from vllm_sentinel.agent.store import Store
+
+CAPTURE = Path(__file__).parents[1] / "collectors" / "fixtures" / "vllm-0.32.0-cpu-one-request.prom.txt"
+
+
+class Target:
+    """A loopback /metrics server whose behaviour a test switches: ok, slow, garbage, 500."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.body = CAPTURE.read_bytes()
+        target = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                if target.mode == "slow":
+                    time.sleep(3)
+                body = b"<html>not metrics</html>\n" if target.mode == "garbage" else target.body
+                self.send_response(500 if target.mode == "error" else 200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except BrokenPipeError:
+                    pass
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def target():
+    t = Target()
+    yield t
+    t.close()
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_sentinel", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def start_daemon(db: Path, *targets: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "vllm_sentinel", "run", "--db", str(db), "--interval", "0.5s",
+            "--scrape-timeout", "1s", "--metrics-port", "0"]
+    for t in targets:
+        args += ["--target", t]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sock = socket_path_for(db)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            api.call(sock, "/v1/health", timeout=1)
+            return proc
+        except api.ApiError:
+            if proc.poll() is not None:
+                raise AssertionError(f"daemon exited: {proc.stderr.read()}")
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("daemon API never answered")
+
+
+def wait_status(db: Path, predicate, timeout: float = 15) -> dict:
+    deadline = time.monotonic() + timeout
+    doc = {}
+    while time.monotonic() < deadline:
+        doc = api.call(socket_path_for(db), "/v1/status")
+        if predicate(doc):
+            return doc
+        time.sleep(0.25)
+    raise AssertionError(f"status never matched: {json.dumps(doc)}")
+
+
+def up_values(db: Path) -> list[float]:
+    with Store.open(db, read_only=True) as s:
+        return [r[0] for r in s.con.execute(
+            "SELECT value FROM samples JOIN series USING (series_id) WHERE metric = 'up' ORDER BY ts").fetchall()]
+
+
+def test_daemon_survives_a_misbehaving_target_and_recovers(tmp_path, target):
+    db = tmp_path / "s.duckdb"
+    proc = start_daemon(db, f"http://127.0.0.1:{target.port}")
+    try:
+        ok = lambda d: d["collectors"][0]["ok"] and d["collectors"][0]["last_ms"]  # noqa: E731
+        wait_status(db, ok)
+        for mode, why in (("slow", "timed out"), ("garbage", "no vllm: metrics"), ("error", "HTTP 500")):
+            target.mode = mode
+            doc = wait_status(db, lambda d: not d["collectors"][0]["ok"])
+            assert why in doc["collectors"][0]["error"], doc
+            assert proc.poll() is None
+            target.mode = "ok"
+            wait_status(db, ok)
+        # `status` from the CLI shows the same, through the socket
+        res = cli("status", "--db", str(db), "--format", "json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["collectors"][0]["ok"] is True
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.stderr.read()
+    ups = up_values(db)
+    assert 0.0 in ups and ups[-1] == 1.0  # the outage is recorded and so is the recovery
+    with Store.open(db, read_only=True) as s:
+        errors = [r[0] for r in s.con.execute("SELECT message FROM events WHERE kind = 'scrape_error'").fetchall()]
+    assert any("timed out" in e for e in errors) and any("HTTP 500" in e for e in errors)
+
+
+def test_dead_target_is_up_0_with_a_fix_and_sigint_stops_cleanly(tmp_path):
+    db = tmp_path / "s.duckdb"
+    proc = start_daemon(db, "http://127.0.0.1:9")  # discard port: nothing listens
+    try:
+        doc = wait_status(db, lambda d: d["collectors"][0]["last_ms"] is not None)
+        assert "refused" in doc["collectors"][0]["error"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
+    assert set(up_values(db)) == {0.0}
+    assert not socket_path_for(db).exists()  # the API socket is removed on a clean stop
+
+
+def test_diagnose_reads_through_the_daemon_while_it_holds_the_file(tmp_path, target):
+    db = tmp_path / "s.duckdb"
+    proc = start_daemon(db, f"http://127.0.0.1:{target.port}")
+    try:
+        wait_status(db, lambda d: d["collectors"][0]["ok"] and d["collectors"][0]["last_ms"])
+        time.sleep(1.5)
+        res = cli("diagnose", "--since", "5m", "--db", str(db), "--format", "json")
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["source"].startswith("daemon:")
+        assert doc["instances"] == [f"127.0.0.1:{target.port}"]
+        assert doc["incidents"] == []
+        assert doc["summary"][0]["series"] > 100
+        assert oct(os.stat(socket_path_for(db)).st_mode & 0o777) == "0o600"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    # with the daemon gone the CLI opens the file read-only itself
+    res = cli("diagnose", "--since", "5m", "--db", str(db), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["source"] == f"duckdb:{db}"
+
+
+def test_diagnose_on_an_empty_window_names_what_the_store_holds(tmp_path):
+    db = tmp_path / "s.duckdb"
+    Store.open(db).close()
+    res = cli("diagnose", "--since", "1h", "--db", str(db))
+    assert res.returncode == 1
+    assert "no samples" in res.stderr and "it is empty" in res.stderr
+
+
+def test_diagnose_without_a_database_says_how_to_make_one(tmp_path):
+    res = cli("diagnose", "--db", str(tmp_path / "none.duckdb"))
+    assert res.returncode == 1
+    assert "does not exist" in res.stderr and "vllm-sentinel run" in res.stderr
+
+
+def test_bad_duration_is_a_usage_error(tmp_path):
+    res = cli("diagnose", "--since", "an hour", "--db", str(tmp_path / "x.duckdb"))
+    assert res.returncode == 2 and "not a duration" in res.stderr

@@ -1,0 +1,77 @@
+"""The sidecar against a real vLLM CPU server under real traffic: what it stores is what vLLM reports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from vllm_sentinel.agent import api
+from vllm_sentinel.agent.paths import socket_path_for
+from vllm_sentinel.agent.store import Store
+from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
+from vllm_sentinel.collectors.exposition import parse
+
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total")
+
+
+def server_counters(metrics_url: str) -> dict[tuple[str, str], float]:
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    p = parse(text)
+    return {(n, lab): v for n, lab, v in zip(p.names, p.labels, p.values) if n in COUNTERS}
+
+
+def stored_counters(db) -> dict[tuple[str, str], float]:
+    with Store.open(db, read_only=True) as s:
+        rows = s.con.execute(
+            "SELECT metric, labels_text, arg_max(value, ts) FROM samples JOIN series USING (series_id) "
+            f"WHERE metric IN {COUNTERS} AND value IS NOT NULL GROUP BY 1, 2").fetchall()
+    return {(m, lab): v for m, lab, v in rows}
+
+
+def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_server, tmp_path):
+    db = tmp_path / "live.duckdb"
+    daemon = subprocess.Popen([sys.executable, "-m", "vllm_sentinel", "run", "--target", vllm_server.url,
+                               "--db", str(db), "--interval", "1s", "--metrics-port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                api.call(socket_path_for(db), "/v1/health", timeout=1)
+                break
+            except api.ApiError:
+                assert daemon.poll() is None, daemon.stderr.read()
+                assert time.monotonic() < deadline, "daemon API never answered"
+                time.sleep(0.3)
+        result = run_traffic(vllm_server.url, vllm_server.model_name,
+                             TrafficPlan(requests=None, duration_s=32, concurrency=3, prompt_tokens=40, max_tokens=24))
+        assert result.ok > 5 and result.failed == 0, result.errors
+        time.sleep(3)  # let at least two more scrapes land after the last request
+
+        doc_res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "diagnose", "--since", "2m", "--db",
+                                  str(db), "--format", "json"], capture_output=True, text=True, timeout=120)
+        assert doc_res.returncode == 0, doc_res.stderr
+        doc = json.loads(doc_res.stdout)
+        assert doc["source"].startswith("daemon:")  # the daemon holds the file; the CLI asked it
+        assert vllm_server.instance in doc["instances"]
+        summary = {s["instance"]: s for s in doc["summary"]}[vllm_server.instance]["signals"]
+        assert summary["prompt_tokens_per_s"] > 0 and summary["generation_tokens_per_s"] > 0
+        assert summary["request_rate_per_s"] > 0
+        assert summary["ttft_p95_seconds"] is not None and summary["ttft_p95_seconds"] > 0
+        assert summary["scrapes_ok"] >= 30
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+    assert daemon.returncode == 0, daemon.stderr.read()
+
+    now = server_counters(vllm_server.metrics_url)
+    stored = stored_counters(db)
+    for key, value in now.items():
+        assert stored.get(key) == value, f"{key}: server says {value}, store holds {stored.get(key)}"
+    # and the server's token counters agree with what the client was told in `usage`
+    gen = sum(v for (n, _l), v in now.items() if n == "vllm:generation_tokens_total")
+    assert gen >= result.completion_tokens
