@@ -53,12 +53,16 @@ def parse_duration_ms(text: str) -> int:
 
 
 def format_duration_ms(ms: int) -> str:
-    """Milliseconds to Prometheus' duration text: 90000 -> '1m30s', 0 -> '0s'."""
+    """Milliseconds as Prometheus prints a duration: 90000 -> '1m30s', 0 -> '0s', 7776000000 -> '90d'."""
     if ms == 0:
         return "0s"
     out = []
-    for unit, name in ((7 * 86_400_000, "w"), (86_400_000, "d"), (3_600_000, "h"), (60_000, "m"),
-                       (1000, "s"), (1, "ms")):
+    # years and weeks only when exact, as Prometheus does (90d reads better than 12w6d)
+    for unit, name, exact in ((365 * 86_400_000, "y", True), (7 * 86_400_000, "w", True),
+                              (86_400_000, "d", False), (3_600_000, "h", False), (60_000, "m", False),
+                              (1000, "s", False), (1, "ms", False)):
+        if exact and ms % unit:
+            continue
         if ms >= unit:
             out.append(f"{ms // unit}{name}")
             ms %= unit
