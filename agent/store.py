@@ -17,15 +17,11 @@ import pyarrow as pa
 
 from vllm_sentinel.agent.migrations import MIGRATIONS
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
+from vllm_sentinel.collectors.exposition import parse_labels
 
 HOUR_MS = 3_600_000
 # a partition is "closed" (safe to sort) once its hour ended this long ago: late scrapes land first
 CLOSE_GRACE_MS = 120_000
-
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE_RE = re.compile(r"\\(.)")
-_UNESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
-
 
 class StoreError(Exception):
     """A store problem an operator can act on; the message names the fix."""
@@ -41,23 +37,6 @@ class StoreCorrupt(StoreError):
 
 class SchemaMissing(StoreError):
     """A read-only open found no (or an older) vllm-sentinel schema."""
-
-
-def parse_label_text(text: str) -> dict[str, str]:
-    """Label text to a dict: 'a="1",b="x\\"y"' -> {'a': '1', 'b': 'x"y'}."""
-    out: dict[str, str] = {}
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        m = _LABEL_RE.match(text, pos)
-        if not m:
-            raise ValueError(f"malformed label text at offset {pos}: {text!r}")
-        value = m.group(2)
-        if "\\" in value:
-            value = _UNESCAPE_RE.sub(lambda e: _UNESCAPES.get(e.group(1), "\\" + e.group(1)), value)
-        out[m.group(1)] = value
-        pos = m.end()
-    return out
 
 
 def partition_name(index: int) -> str:
@@ -238,7 +217,7 @@ class Store:
 
     def _new_series_id(self, instance: str, metric: str, text: str, source: str, new_series: list) -> int:
         # label text from different writers may order labels differently: canonicalise once per series
-        labels = parse_label_text(text) if text else {}
+        labels = parse_labels(text)
         labels.pop("instance", None)
         canonical = format_labels(labels)
         sid = self._canonical.get((instance, metric, canonical))

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from vllm_sentinel.agent.store import (HOUR_MS, SchemaMissing, Store, StoreCorrupt, StoreLocked,
-                                       parse_label_text)
+from vllm_sentinel.agent.store import HOUR_MS, SchemaMissing, Store, StoreCorrupt, StoreLocked
 from vllm_sentinel.collectors.base import Batch, Event
 
 T0 = 1_795_000_000_000 - (1_795_000_000_000 % HOUR_MS)  # an hour boundary
@@ -178,10 +177,3 @@ def test_kill_9_mid_tick_keeps_every_committed_tick(tmp_path):
         ticks, rows = r.con.execute("SELECT count(DISTINCT ts), count(*) FROM samples").fetchone()
     assert ticks >= committed + 1
     assert rows == ticks * 2000  # no half-written tick
-
-
-def test_parse_label_text_handles_escapes():
-    assert parse_label_text('a="x\\"y",b="1\\\\2",c="line\\nnext",d="}"') == {
-        "a": 'x"y', "b": "1\\2", "c": "line\nnext", "d": "}"}
-    with pytest.raises(ValueError):
-        parse_label_text('a=unquoted')
