@@ -256,6 +256,9 @@ def _slow_line(out: Parsed, strict: bool, index: int, line: str,
         # No labels. An OpenMetrics exemplar may follow ' # '.
         body = line[: line.index(" # ")] if openmetrics and " # " in line else line
         parts = body.split()
+        if not parts:
+            _fail(out, strict, index, line, "expected 'name{labels} value [timestamp]'")
+            return None
         name, label_text, rest = parts[0], "", parts[1:]
     else:
         name = line[:brace]

@@ -1,0 +1,233 @@
+"""Scrape a vLLM server's /metrics into a Batch, the way Prometheus scrapes a target.
+
+Each collect() records `up`, `scrape_duration_seconds` and `scrape_samples_scraped` for the
+target, renames old vLLM metric names to the canonical ones (collectors/aliases.py), and writes
+one staleness marker (value None) for every series that disappeared since the last scrape, or
+for all of them when the scrape failed. It never raises: a failure is a status with the fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from vllm_sentinel.collectors.aliases import resolve
+from vllm_sentinel.collectors.base import Batch, CollectorStatus
+from vllm_sentinel.collectors.exposition import ParseError, looks_openmetrics, parse
+
+__all__ = ["ACCEPT", "Response", "ResponseTooLarge", "VllmCollector", "http_fetch", "normalize_target"]
+
+# Plain text first: OpenMetrics from prometheus_client 0.26 renames samples to vllm_... while its
+# # TYPE lines keep vllm:... (client_python#1177). Both are parsed if a proxy answers with either.
+ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # a 0.32 server with DP=8 sends well under 1 MiB
+_READ_CHUNK = 256 * 1024
+
+
+@dataclass
+class Response:
+    """What a fetch returns: HTTP status, Content-Type header and the body bytes."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+class ResponseTooLarge(Exception):
+    """The body passed the size limit; reading stopped there."""
+
+
+Fetch = Callable[[str, float, int], Response]
+
+
+def normalize_target(target: str) -> str:
+    """A target as an operator types it -> the /metrics URL: '127.0.0.1:8000' -> 'http://127.0.0.1:8000/metrics'."""
+    url = target.strip()
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"target {target!r}: scheme must be http or https, e.g. http://127.0.0.1:8000")
+    if not parts.hostname:
+        raise ValueError(f"target {target!r} has no host; write it as http://HOST:PORT")
+    try:
+        parts.port  # noqa: B018 - raises on a non-numeric port
+    except ValueError:
+        raise ValueError(f"target {target!r} has an invalid port; write it as http://HOST:PORT") from None
+    path = parts.path if parts.path not in ("", "/") else "/metrics"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def default_instance(url: str) -> str:
+    """The instance label Prometheus would give: host:port, with the scheme's default port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def http_fetch(url: str, timeout_s: float, max_bytes: int) -> Response:
+    """GET url with one deadline for connect + headers + body; stop reading past max_bytes."""
+    deadline = time.monotonic() + timeout_s
+    parts = urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.connect()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("connect took the whole timeout")
+        conn.sock.settimeout(remaining)  # headers must arrive within what is left
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"Accept": ACCEPT, "Accept-Encoding": "identity",
+                                           "User-Agent": "vllm-sentinel"})
+        resp = conn.getresponse()
+        length = resp.getheader("Content-Length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            raise ResponseTooLarge(f"Content-Length {length}")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("body not complete before the deadline")
+            if conn.sock is not None:  # a slow server must not stretch one read past the deadline
+                conn.sock.settimeout(remaining)
+            chunk = resp.read1(_READ_CHUNK) if hasattr(resp, "read1") else resp.read(_READ_CHUNK)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise ResponseTooLarge(f"more than {max_bytes} bytes")
+            chunks.append(chunk)
+        return Response(resp.status, resp.getheader("Content-Type") or "", b"".join(chunks))
+    finally:
+        conn.close()
+
+
+class VllmCollector:
+    """Scrapes one vLLM server's /metrics; `fetch` is injectable (default: http_fetch)."""
+
+    name = "vllm"
+
+    def __init__(self, target_url: str, instance: str | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int = DEFAULT_MAX_BYTES,
+                 fetch: Fetch | None = None) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"scrape timeout must be positive, got {timeout_s}")
+        if max_bytes <= 0:
+            raise ValueError(f"response size limit must be positive, got {max_bytes}")
+        self.url = normalize_target(target_url)
+        self.instance = instance or default_instance(self.url)
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._fetch: Fetch = fetch or http_fetch
+        # (metric, label text) of every series in the last successful scrape, for staleness
+        self._live: set[tuple[str, str]] = set()
+        self.last_status: CollectorStatus | None = None
+
+    def collect(self, now_ms: int) -> Batch:
+        """Scrape once; never raises. Failures give `up 0`, stale markers and a status with the fix."""
+        batch = Batch(instance=self.instance, ts_ms=now_ms)
+        started = time.monotonic()
+        detail: dict[str, object] = {"target": self.url}
+        error: str | None = None
+        up = 0.0
+        samples = 0
+        try:
+            response = self._fetch(self.url, self.timeout_s, self.max_bytes)
+            error = self._check_response(response)
+            if error is None:
+                error, samples = self._add_samples(batch, response, detail)
+                up = 1.0 if samples else 0.0
+        except Exception as exc:  # one bad target must never stop the sidecar
+            error = self._explain(exc)
+        if up == 0.0:
+            self._mark_all_stale(batch)
+        duration = time.monotonic() - started
+        batch.add("up", "", up)
+        batch.add("scrape_duration_seconds", "", duration)
+        batch.add("scrape_samples_scraped", "", float(samples))
+        detail.update(duration_s=round(duration, 6), samples=samples)
+        batch.status = CollectorStatus(name=f"{self.name} {self.instance}", ok=error is None,
+                                       error=error, detail=detail)
+        self.last_status = batch.status
+        return batch
+
+    def _check_response(self, response: Response) -> str | None:
+        if response.status != 200:
+            hint = (" (is this the vLLM API server's port? /metrics is served by "
+                    "`python -m vllm.entrypoints.openai.api_server`)" if response.status == 404 else "")
+            return f"{self.url} answered HTTP {response.status}{hint}"
+        return None
+
+    def _add_samples(self, batch: Batch, response: Response,
+                     detail: dict[str, object]) -> tuple[str | None, int]:
+        """Parse the body into the batch; returns (error or None, samples kept)."""
+        text = response.body.decode("utf-8", errors="replace")
+        openmetrics = looks_openmetrics(text, response.content_type)
+        # Lenient: one odd line (say, from a third-party KV connector) must not blind the sidecar
+        # to every other metric; the status names the line so it can be reported upstream.
+        parsed = parse(text, openmetrics=openmetrics, strict=False)
+        detail["content_type"] = response.content_type
+        metrics, renames = resolve(parsed.names)
+        if not any(name.startswith("vllm:") for name in metrics):
+            if parsed.errors:
+                first = parsed.errors[0]
+                return (f"{self.url} did not return Prometheus metrics: malformed line "
+                        f"{first.line_no}: {first.line[:80]!r} (is this the vLLM API server's port?)"), 0
+            return (f"{self.url} has no vllm: metrics ({len(parsed.names)} other samples): "
+                    "not a vLLM server, or vLLM runs with --disable-log-stats (drop that flag)"), 0
+        if renames:
+            batch.sources = {canonical: source for source, canonical in renames.items()}
+        batch.metrics.extend(metrics)
+        batch.labels.extend(parsed.labels)
+        batch.values.extend(parsed.values)
+        batch.timestamps_ms.extend(parsed.timestamps_ms)
+        live = set(zip(metrics, parsed.labels))
+        for metric, labels in self._live - live:  # gone since the last scrape: one stale marker
+            batch.add(metric, labels, None)
+        self._live = live
+        error = None
+        if parsed.errors:
+            first = parsed.errors[0]
+            detail["malformed_lines"] = len(parsed.errors)
+            error = (f"{self.url}: skipped {len(parsed.errors)} malformed line(s), first {first} "
+                     "(kept the other samples; report it to whoever exports that metric)")
+        return error, len(metrics)
+
+    def _mark_all_stale(self, batch: Batch) -> None:
+        for metric, labels in self._live:
+            batch.add(metric, labels, None)
+        self._live = set()
+
+    def _explain(self, exc: Exception) -> str:
+        """One line: what failed and the fix."""
+        url = self.url
+        if isinstance(exc, ResponseTooLarge):
+            return (f"{url}: response larger than the limit of {self.max_bytes} bytes ({exc}); "
+                    "raise --scrape-max-bytes if this is really vLLM")
+        if isinstance(exc, ConnectionRefusedError):
+            return f"{url}: connection refused: is vLLM running and listening on that port?"
+        if isinstance(exc, (TimeoutError, socket.timeout)):
+            return (f"{url}: no complete answer within {self.timeout_s:g} s: the server is "
+                    "overloaded or hung; raise --scrape-timeout if it is just slow")
+        if isinstance(exc, socket.gaierror):
+            return f"{url}: host name does not resolve ({exc.strerror}): check the --target host"
+        if isinstance(exc, ConnectionResetError) or isinstance(exc, http.client.RemoteDisconnected):
+            return f"{url}: connection closed before a full answer: is vLLM restarting?"
+        if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+            return f"{url}: host unreachable: check the network path to the target"
+        if isinstance(exc, http.client.HTTPException):
+            return f"{url}: not a valid HTTP answer ({type(exc).__name__}): is this an HTTP port?"
+        if isinstance(exc, ParseError):
+            return f"{url}: malformed {exc}"
+        return f"{url}: scrape failed: {type(exc).__name__}: {exc}"
