@@ -23,4 +23,27 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE VIEW samples AS SELECT NULL::BIGINT AS ts, NULL::UINTEGER AS series_id, "
         "NULL::DOUBLE AS value WHERE false",
     ]),
+    (2, "incidents raised by alerting rules (agent/incidents.py)", [
+        # one row per firing episode of one alert (rule + label set); times in ms since the epoch
+        """CREATE TABLE incidents (
+               id VARCHAR PRIMARY KEY,
+               incident VARCHAR NOT NULL,
+               rule VARCHAR NOT NULL,
+               severity VARCHAR,
+               instance VARCHAR,
+               labels MAP(VARCHAR, VARCHAR) NOT NULL,
+               label_key VARCHAR NOT NULL,
+               start_ms BIGINT NOT NULL,
+               end_ms BIGINT,
+               state VARCHAR NOT NULL,
+               peak DOUBLE,
+               peak_ms BIGINT,
+               last_value DOUBLE,
+               summary VARCHAR,
+               annotations VARCHAR,
+               evidence VARCHAR,
+               fixes VARCHAR,
+               updated_ms BIGINT NOT NULL)""",
+        "CREATE INDEX incidents_start ON incidents (start_ms)",
+    ]),
 ]
