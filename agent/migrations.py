@@ -46,4 +46,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                updated_ms BIGINT NOT NULL)""",
         "CREATE INDEX incidents_start ON incidents (start_ms)",
     ]),
+    (3, "live configuration snapshots of each vLLM instance (agent/liveconfig.py)", [
+        # one row per change: the configuration in force from ts until the next row of that instance;
+        # config holds the values, sources where each came from (flag, cache_config_info, model config, default)
+        """CREATE TABLE config_snapshots (
+               ts BIGINT NOT NULL,
+               instance VARCHAR NOT NULL,
+               config JSON NOT NULL,
+               sources JSON NOT NULL)""",
+        "CREATE INDEX config_snapshots_instance_ts ON config_snapshots (instance, ts)",
+    ]),
 ]
