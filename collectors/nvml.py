@@ -155,9 +155,9 @@ class NvmlCollector:
                 slow = self._last_slow_ms is None or now_ms - self._last_slow_ms >= self._slow_ms
                 events = self._watcher.drain() if self._watcher else []
                 for gpu in self._gpus:
+                    self._emit_events(gpu, events, batch)  # first: the tick's XID sample then shows them
                     if not gpu.lost:
                         self._poll_fast(gpu, batch)
-                    self._emit_events(gpu, events, batch)
                 if slow:
                     self._last_slow_ms = now_ms
                     slow_start = time.perf_counter()
