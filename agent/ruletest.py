@@ -27,7 +27,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from vllm_sentinel.agent.alerting import FIRING, GroupEvaluator, RuleEvalError, store_sink, to_vector
 from vllm_sentinel.agent.rulefile import (RuleFileError, RuleGroup, format_duration_ms, load_rule_file,
                                           parse_duration_ms)
-from vllm_sentinel.agent.store import Store, parse_label_text
+from vllm_sentinel.agent.store import Store
+from vllm_sentinel.collectors.exposition import parse_labels
 
 SUCCESS, FAILURE = 0, 1
 
@@ -141,7 +142,7 @@ def parse_metric(text: str) -> dict[str, str]:
     m = re.fullmatch(r"\s*([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(.*)\})?\s*", text, re.S)
     if not m or (m.group(1) is None and m.group(2) is None):
         raise ValueError(f"1:1: parse error: unexpected input {text!r}")
-    labels = parse_label_text(m.group(2)) if m.group(2) else {}
+    labels = parse_labels(m.group(2)) if m.group(2) and m.group(2).strip() else {}
     if m.group(1):
         labels["__name__"] = m.group(1)
     return labels

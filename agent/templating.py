@@ -12,6 +12,7 @@ Values print as Go prints them: `{{ $value }}` of 1e6 is "1e+06", of 0.5 is "0.5
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -369,8 +370,12 @@ class _Parser:
 _ACTION_RE = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse(text: str, name: str = "template") -> list[_Node]:
-    """Parse a template into nodes; TemplateError names the problem (`function "foo" not defined`)."""
+    """Parse a template into nodes (cached: rules expand the same text every evaluation).
+
+    TemplateError names the problem (`function "foo" not defined`). Callers must not mutate the result.
+    """
     nodes: list[_Node] = []
     stack: list[tuple[_Block, list[_Node]]] = []
     cur = nodes
