@@ -57,6 +57,8 @@ def _unescaped(name: str) -> str | None:
 def canonical_names(names_in_scrape: frozenset[str]) -> dict[str, str]:
     """Sample names that need renaming in this scrape -> their canonical name (others omitted).
 
+    The dict is cached and shared: read it, never change it.
+
     >>> canonical_names(frozenset({"vllm_gpu_cache_usage_perc", "vllm:num_requests_running"}))
     {'vllm_gpu_cache_usage_perc': 'vllm:kv_cache_usage_perc'}
     >>> canonical_names(frozenset({"vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"}))

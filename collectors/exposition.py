@@ -2,7 +2,9 @@
 
 `parse()` keeps label text raw (as scraped, without braces) so a scrape of 1,000 lines costs well
 under a millisecond; `parse_labels()` turns label text into a dict, once per new series.
-`prometheus_client.parser` gives the same samples about 20-30x slower (bench/parse.py measures it).
+`prometheus_client.parser` gives the same samples about 20x slower (bench/parse.py measures it).
+Not supported: OpenMetrics 2.0 UTF-8 names quoted inside the braces (`{"my.metric",a="b"}`); the
+collector asks for text 0.0.4, where vLLM's `vllm:` names are plain legacy names.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ _UNESCAPE = {"\\": "\\", "n": "\n", '"': '"'}
 # a server sends the same text every scrape, so splitting and validation cost once per series,
 # not once per sample, and the same string objects (hashes cached) reach the store. Bounded.
 _valid_heads: dict[str, tuple[str, str]] = {}
-_HEAD_CACHE_MAX = 500_000
+_HEAD_CACHE_MAX = 100_000  # about 20 MiB at most; a 0.32 server has ~1k series
 # Sample suffixes that belong to typed families (OpenMetrics counters, histograms, summaries).
 _CREATED = "_created"
 
