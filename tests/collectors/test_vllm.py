@@ -295,3 +295,27 @@ def test_http_fetch_returns_status_type_and_body(server: tuple[str, Behaviour]) 
     url, _ = server
     response = http_fetch(url + "/metrics", 2.0, 1 << 20)
     assert response.status == 200 and response.content_type == TEXT_CT and response.body == ONE_REQUEST
+
+
+def test_batches_land_in_the_store_with_source_names(server: tuple[str, Behaviour]) -> None:
+    from vllm_sentinel.agent.store import Store
+
+    url, behaviour = server
+    behaviour.body = (b'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+                      b'vllm:num_requests_running{engine="0",model_name="m"} 2\n')
+    collector = VllmCollector(url)
+    store = Store.open(":memory:")
+    try:
+        store.append(collector.collect(1_000_000))
+        behaviour.body = b'vllm:num_requests_running{engine="0",model_name="m"} 3\n'
+        store.append(collector.collect(1_001_000))
+        cur = store.cursor()
+        rows = cur.execute("SELECT metric, source_metric FROM series WHERE metric LIKE 'vllm:%' "
+                           "ORDER BY metric").fetchall()
+        assert rows == [("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+                        ("vllm:num_requests_running", "vllm:num_requests_running")]
+        kv = cur.execute("SELECT s.ts, s.value FROM samples s JOIN series USING (series_id) "
+                         "WHERE metric = 'vllm:kv_cache_usage_perc' ORDER BY ts").fetchall()
+        assert kv == [(1_000_000, 0.25), (1_001_000, None)]  # the stale marker is a NULL
+    finally:
+        store.close()
