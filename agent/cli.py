@@ -55,6 +55,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         scrape_timeout: str = typer.Option("", help="per-scrape timeout (default: the interval, at most 10s)"),
         retention: str = typer.Option("7d", help="keep this much history; older hours are dropped whole"),
         metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
+        nvml: str = typer.Option("auto", help="GPU counters via NVML: auto (when nvidia-ml-py is installed), on, off"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
@@ -68,7 +69,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         options = DaemonOptions(
             targets=target, db=_db(db), interval_s=interval_s,
             scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
-            retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None)
+            retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None

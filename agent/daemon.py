@@ -23,6 +23,7 @@ class DaemonOptions:
     retention_ms: int = 7 * 86_400_000
     metrics_port: int | None = 9464
     socket_path: Path | None = None
+    nvml: str = "auto"  # auto: collect GPU counters when nvidia-ml-py is installed; on / off
     extra_collectors: list = field(default_factory=list)
 
 
@@ -38,9 +39,27 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError(f"the same target is given twice: {names}")
     for c in collectors:
         c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
+    collectors += _gpu_collectors(options.nvml, names)
     store = Store.open(options.db)
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
         extra_routes={"/v1/diagnose": daemon_route_diagnose()})
     return Sidecar(store, collectors + list(options.extra_collectors), config)
+
+
+def _gpu_collectors(mode: str, instances: list[str]) -> list:
+    """The NVML collector, if wanted; with one target its GPUs share that target's instance label."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"--nvml {mode!r}: use auto, on or off")
+    if mode == "off":
+        return []
+    if mode == "auto":
+        import importlib.util
+        if importlib.util.find_spec("pynvml") is None:
+            return []
+    from vllm_sentinel.collectors.nvml import NvmlCollector
+    import socket
+    # the sidecar sits beside one vLLM server: its GPUs belong to that instance, so rules can join on it
+    instance = instances[0] if len(instances) == 1 else socket.gethostname()
+    return [NvmlCollector(instance=instance)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,13 @@ def ingest_file(store: Store, path: str | Path, instance: str | None = None, def
     """Ingest a file; samples without timestamps default to the file's modification time."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.suffix == ".gz":
+            with gzip.open(p, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = p.read_text(encoding="utf-8")
+    except gzip.BadGzipFile as e:
+        raise IngestError(f"{p} ends in .gz but is not gzip ({e}); rename or recompress it") from None
     except FileNotFoundError:
         raise IngestError(f"{p} does not exist") from None
     except UnicodeDecodeError as e:

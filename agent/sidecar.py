@@ -93,6 +93,10 @@ class Sidecar:
         self._scheduler.shutdown(wait=True)  # lets a running scrape finish and hand over its batch
         self._stopping.set()
         self._writer.join(timeout=30)
+        for c in self.collectors:
+            close = getattr(c, "close", None)
+            if close:
+                self._guard(f"closing {c.name}", close)
         if self._api:
             self._api.stop()
         if self._metrics_server is not None:
