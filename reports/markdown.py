@@ -1,0 +1,397 @@
+"""One incident report as Markdown, rendered from plain data (no store, no clock, no I/O).
+
+Sections, in the order an operator at 3 a.m. needs them: verdict, timeline, evidence, charts,
+configuration at the time, the fix as a before/after `vllm serve` line, stack evidence,
+related incidents, and what was not checked.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from vllm_sentinel.reports.charts import chart_filename
+from vllm_sentinel.reports.sparkline import sparkline
+
+Point = tuple[int, float | None]
+LabeledSeries = tuple[dict[str, str], Sequence[Point]]
+
+SPARK_WIDTH = 24
+
+
+@dataclass
+class ProcessStacks:
+    """Stack evidence for one process: its hottest frames and the share of each frame class."""
+
+    role: str  # api_server | engine_core | worker | ...
+    pid: int
+    kind: str  # dump | record
+    ts_ms: int
+    samples: int
+    top_frames: list[tuple[str, float]] = field(default_factory=list)  # (frame, share of samples 0..1)
+    class_shares: dict[str, float] = field(default_factory=dict)  # class -> share 0..1
+    status: str = "ok"
+    error: str | None = None
+
+
+@dataclass
+class ConfigSnapshot:
+    """The server's configuration as known at the incident: engine flags and where they came from."""
+
+    ts_ms: int | None
+    source: str  # e.g. "process command line (pid 4711) + vllm:cache_config_info"
+    model: str | None = None
+    flags: dict[str, str] = field(default_factory=dict)  # "--max-num-seqs" -> "256", as passed or defaulted
+    defaulted: set[str] = field(default_factory=set)  # flags not on the command line: vLLM's default
+    extra: dict[str, str] = field(default_factory=dict)  # facts that are not flags (num_gpu_blocks, ...)
+
+
+@dataclass
+class ReportData:
+    """Everything one report shows, as plain data; `assemble` builds it from a store."""
+
+    incident: dict  # one incident of the diagnose JSON contract
+    window_ms: tuple[int, int]  # the charted range around the incident
+    generated_ms: int
+    source: str = ""
+    evidence_series: dict[str, list[LabeledSeries]] = field(default_factory=dict)
+    evidence_exprs: dict[str, str] = field(default_factory=dict)  # signal -> PromQL, shown for reproducibility
+    evidence_descriptions: dict[str, str] = field(default_factory=dict)
+    config: ConfigSnapshot | None = None
+    fixes: list[dict] = field(default_factory=list)
+    stacks: list[ProcessStacks] = field(default_factory=list)
+    related: list[dict] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    charts: list[str] = field(default_factory=list)  # signals that have a chart file beside the report
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (fixtures, the daemon API): tuples become lists, sets sorted lists."""
+        d = asdict(self)
+        if self.config is not None:
+            d["config"]["defaulted"] = sorted(self.config.defaulted)
+        d["evidence_series"] = {k: [{"labels": lbl, "points": [list(p) for p in pts]} for lbl, pts in v]
+                                for k, v in self.evidence_series.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ReportData":
+        """The inverse of to_dict."""
+        cfg = d.get("config")
+        return cls(
+            incident=d["incident"], window_ms=(int(d["window_ms"][0]), int(d["window_ms"][1])),
+            generated_ms=int(d["generated_ms"]), source=d.get("source", ""),
+            evidence_series={k: [(dict(s["labels"]), [(int(t), v) for t, v in s["points"]]) for s in v]
+                             for k, v in (d.get("evidence_series") or {}).items()},
+            evidence_exprs=dict(d.get("evidence_exprs") or {}),
+            evidence_descriptions=dict(d.get("evidence_descriptions") or {}),
+            config=None if cfg is None else ConfigSnapshot(
+                ts_ms=cfg.get("ts_ms"), source=cfg.get("source", ""), model=cfg.get("model"),
+                flags=dict(cfg.get("flags") or {}), defaulted=set(cfg.get("defaulted") or []),
+                extra=dict(cfg.get("extra") or {})),
+            fixes=list(d.get("fixes") or []),
+            stacks=[ProcessStacks(**{**p, "top_frames": [(f, float(s)) for f, s in p.get("top_frames") or []]})
+                    for p in d.get("stacks") or []],
+            related=list(d.get("related") or []), missing=list(d.get("missing") or []),
+            charts=list(d.get("charts") or []),
+        )
+
+
+# -- small formatting helpers ---------------------------------------------------------------------
+
+def parse_iso(text: str) -> int:
+    """RFC 3339 UTC text to ms since the epoch: '1970-01-01T00:00:01Z' -> 1000."""
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def utc(ms: int, with_date: bool = True) -> str:
+    """ms to '2026-11-29 10:04:05 UTC' (or '10:04:05' without the date)."""
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%d %H:%M:%S UTC") if with_date else dt.strftime("%H:%M:%S")
+
+
+def duration(ms: int) -> str:
+    """ms as a short human duration: 272000 -> '4m 32s'; 3_723_000 -> '1h 2m 3s'."""
+    s = max(0, ms) // 1000
+    h, m, sec = s // 3600, s % 3600 // 60, s % 60
+    parts = [f"{h}h"] * bool(h) + [f"{m}m"] * bool(m) + [f"{sec}s"] * (bool(sec) or not (h or m))
+    return " ".join(parts)
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    """A value with its unit as a person reads it: (0.0042, 's') -> '4.2 ms'; (0.97, 'ratio') -> '97 %'."""
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return "n/a"
+    if unit == "s":
+        if abs(value) < 1:
+            return f"{_num(value * 1000)} ms"
+        return f"{_num(value)} s"
+    if unit == "ratio":
+        return f"{_num(value * 100)} %"
+    if unit == "%":
+        return f"{_num(value)} %"
+    return f"{_num(value)} {unit}".rstrip()
+
+
+def _num(v: float) -> str:
+    if v == int(v) and abs(v) < 1e15:
+        return f"{int(v):,}"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+def _cell(text: object) -> str:
+    # a pipe or newline inside a table cell breaks the table
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _values_in(series: Sequence[LabeledSeries], lo: int, hi: int | None) -> list[Point]:
+    return [(t, v) for _, pts in series for t, v in pts
+            if v is not None and not math.isnan(v) and t >= lo and (hi is None or t <= hi)]
+
+
+# -- sections ---------------------------------------------------------------------------------------
+
+def incident_span(data: ReportData) -> tuple[int, int | None]:
+    """(start ms, end ms or None while firing) of the report's incident."""
+    inc = data.incident
+    return parse_iso(inc["start"]), parse_iso(inc["end"]) if inc.get("end") else None
+
+
+def peak_of(data: ReportData) -> tuple[str, int, float, str] | None:
+    """(signal, time, value, unit) of the worst point of the first charted evidence signal in the incident."""
+    start, end = incident_span(data)
+    for ev in data.incident.get("evidence", []):
+        pts = _values_in(data.evidence_series.get(ev["signal"], []), start, end)
+        if not pts:
+            continue
+        threshold, value = ev.get("threshold"), ev.get("value")
+        # a "too low" signal (GPU idle while requests wait) peaks at its minimum
+        low_is_bad = threshold is not None and value is not None and value < threshold
+        # the earliest of equal extremes: when the signal first got that bad
+        if low_is_bad:
+            t, v = min(pts, key=lambda p: (p[1], p[0]))
+        else:
+            t, v = max(pts, key=lambda p: (p[1], -p[0]))
+        return ev["signal"], t, v, ev.get("unit", "")
+    return None
+
+
+def _title(data: ReportData) -> list[str]:
+    inc = data.incident
+    sev = inc.get("severity", "")
+    state = "still firing" if inc.get("state") == "firing" else "resolved"
+    lines = [f"# {inc.get('incident', 'incident')} on {inc.get('instance', '?')} ({sev}, {state})", ""]
+    lines += [f"**Verdict:** {inc.get('summary', '').strip() or 'no summary was recorded for this incident.'}", ""]
+    meta = [f"incident `{inc.get('id', '?')}`", f"rule `{inc.get('rule', '?')}`"]
+    labels = inc.get("labels") or {}
+    if labels:
+        meta.append("labels " + ", ".join(f"`{k}={v}`" for k, v in sorted(labels.items())))
+    lines += ["; ".join(meta), ""]
+    return lines
+
+
+def _timeline(data: ReportData) -> list[str]:
+    start, end = incident_span(data)
+    rows = [("started", utc(start))]
+    peak = peak_of(data)
+    if peak:
+        signal, t, v, unit = peak
+        rows.append(("peak", f"{utc(t)}: `{signal}` = {fmt_value(v, unit)}"))
+    if end is not None:
+        rows.append(("resolved", utc(end)))
+        rows.append(("duration", duration(end - start)))
+    else:
+        rows.append(("resolved", f"not yet (still firing when this report was written, {utc(data.generated_ms)})"))
+        rows.append(("duration", f"{duration(data.generated_ms - start)} so far"))
+    out = ["## Timeline", "", "| | |", "|---|---|"]
+    out += [f"| {k} | {_cell(v)} |" for k, v in rows]
+    return out + [""]
+
+
+def _evidence(data: ReportData) -> list[str]:
+    evidence = data.incident.get("evidence") or []
+    out = ["## Evidence", ""]
+    if not evidence:
+        return out + ["The rule recorded no evidence signals for this incident.", ""]
+    out += ["| signal | value | threshold | unit | around the incident |", "|---|---:|---:|---|---|"]
+    for ev in evidence:
+        unit = ev.get("unit", "")
+        series = data.evidence_series.get(ev["signal"], [])
+        threshold = ev.get("threshold")
+        spark = evidence_sparkline(series, data.window_ms, threshold)
+        out.append(f"| `{_cell(ev['signal'])}` | {fmt_value(ev.get('value'), unit)} | "
+                   f"{'-' if threshold is None else fmt_value(threshold, unit)} | {unit or '-'} | "
+                   f"{('`' + spark + '`') if spark.strip() else 'no samples'} |")
+    out.append("")
+    exprs = [(ev["signal"], data.evidence_exprs[ev["signal"]]) for ev in evidence if ev["signal"] in data.evidence_exprs]
+    if exprs:
+        out += ["<details><summary>PromQL behind each signal</summary>", "", "```promql"]
+        for signal, expr in exprs:
+            out += [f"# {signal}", " ".join(expr.split())]
+        out += ["```", "", "</details>", ""]
+    return out
+
+
+def evidence_sparkline(series: Sequence[LabeledSeries], window: tuple[int, int], threshold: float | None,
+                       width: int = SPARK_WIDTH) -> str:
+    """One line over the window, the max across label sets at each time; gaps stay blank.
+
+    The scale starts at 0 for non-negative signals and reaches the threshold, so a signal far below its
+    threshold reads low instead of being stretched to full height.
+    """
+    by_t: dict[int, float | None] = {}
+    for _, pts in series:
+        for t, v in pts:
+            if not window[0] <= t <= window[1]:
+                continue
+            if v is None or math.isnan(v):
+                by_t.setdefault(t, None)
+            else:
+                prev = by_t.get(t)
+                by_t[t] = v if prev is None else max(v, prev)
+    good = [v for v in by_t.values() if v is not None]
+    if not good:
+        return ""
+    lo = min(0.0, min(good))
+    hi = max(good) if threshold is None else max(max(good), threshold)
+    return sparkline([by_t[t] for t in sorted(by_t)], width=width, lo=lo, hi=hi)
+
+
+def _charts(data: ReportData) -> list[str]:
+    out = ["## Charts", ""]
+    if not data.charts:
+        return out + ["No chart: no evidence signal had samples around the incident.", ""]
+    out.append(f"From {utc(data.window_ms[0])} to {utc(data.window_ms[1])}; the shaded band is the incident, "
+               "the dashed line its threshold.")
+    out.append("")
+    for signal in data.charts:
+        out += [f"![{signal}]({chart_filename(signal)})", ""]
+    return out
+
+
+def _config(data: ReportData) -> list[str]:
+    out = ["## Configuration at the time", ""]
+    cfg = data.config
+    if cfg is None:
+        return out + ["No configuration snapshot was recorded, so the fixes below could not read the live values.",
+                      ""]
+    when = f"Snapshot of {utc(cfg.ts_ms)}" if cfg.ts_ms is not None else "Snapshot time unknown"
+    out += [f"{when}, from {cfg.source}." + (f" Model `{cfg.model}`." if cfg.model else ""), ""]
+    if cfg.flags or cfg.extra:
+        out += ["| setting | value | origin |", "|---|---|---|"]
+        for flag, value in sorted(cfg.flags.items()):
+            origin = "vLLM default" if flag in cfg.defaulted else "command line"
+            out.append(f"| `{_cell(flag)}` | {_cell(value)} | {origin} |")
+        for key, value in sorted(cfg.extra.items()):
+            out.append(f"| {_cell(key)} | {_cell(value)} | measured |")
+        out.append("")
+    return out
+
+
+def serve_command(model: str, flags: dict[str, str], defaulted: set[str], touched: Sequence[str]) -> str:
+    """A `vllm serve` line: the flags given on the command line plus the ones a fix touches.
+
+    serve_command('m', {'--max-num-seqs': '256'}, set(), []) -> 'vllm serve m --max-num-seqs 256'
+    """
+    parts = ["vllm", "serve", shlex.quote(model)]
+    for flag in sorted(flags):
+        if flag in defaulted and flag not in touched:
+            continue  # a default nobody changes is noise on the line
+        value = flags[flag]
+        parts += [flag] if value in ("", "true") and flag.startswith("--enable") else [flag, shlex.quote(value)]
+    return " ".join(parts)
+
+
+def _fixes(data: ReportData) -> list[str]:
+    out = ["## Suggested fix", ""]
+    fixes = data.fixes
+    if not fixes:
+        return out + ["The rule suggests no parameter change for this incident.", ""]
+    for i, fix in enumerate(fixes, 1):
+        current = fix.get("current")
+        head = f"{i}. **`{fix['param']}` {current if current is not None else '(not set)'} → {fix.get('suggested', '?')}**"
+        out.append(head)
+        if fix.get("why"):
+            out += ["", f"   {' '.join(str(fix['why']).split())}"]
+        arithmetic = fix.get("arithmetic")
+        if arithmetic:
+            lines = arithmetic if isinstance(arithmetic, list) else str(arithmetic).splitlines()
+            out += ["", "   ```text", *[f"   {ln}" for ln in lines], "   ```"]
+        out.append("")
+    cfg = data.config
+    model = (cfg.model if cfg and cfg.model else None) or (data.incident.get("labels") or {}).get("model_name") or "MODEL"
+    before = dict(cfg.flags) if cfg else {}
+    defaulted = set(cfg.defaulted) if cfg else set()
+    after = dict(before)
+    touched = []
+    for fix in fixes:
+        param = fix["param"]
+        touched.append(param)
+        if fix.get("current") is not None and param not in before:
+            before[param] = str(fix["current"])
+            defaulted.add(param)
+        if fix.get("suggested") is not None:
+            after[param] = str(fix["suggested"])
+    out += ["Before and after:", "", "```diff",
+            f"- {serve_command(model, before, defaulted, touched)}",
+            f"+ {serve_command(model, after, defaulted, touched)}",
+            "```", ""]
+    if cfg is None:
+        out += ["(No configuration snapshot: the line shows only the flags the fix changes.)", ""]
+    return out
+
+
+def _stacks(data: ReportData) -> list[str]:
+    out = ["## Stack evidence", ""]
+    if not data.stacks:
+        return out + ["No stack capture is linked to this incident (see what was not checked below).", ""]
+    for p in data.stacks:
+        head = f"### {p.role} (pid {p.pid}), py-spy {p.kind} at {utc(p.ts_ms, with_date=False)}"
+        if p.status not in ("ok", "truncated"):
+            out += [head, "", f"Capture failed ({p.status}): {p.error or 'no detail'}", ""]
+            continue
+        out += [head, "", f"{p.samples} samples" + (" (output truncated: a prefix was kept)"
+                                                    if p.status == "truncated" else "") + ".", ""]
+        if p.class_shares:
+            shares = sorted(p.class_shares.items(), key=lambda kv: (-kv[1], kv[0]))
+            out.append("Where the time went: " + ", ".join(f"{name} {share:.0%}" for name, share in shares) + ".")
+            out.append("")
+        if p.top_frames:
+            out += ["| share | frame |", "|---:|---|"]
+            out += [f"| {share:.0%} | `{_cell(frame)}` |" for frame, share in p.top_frames]
+            out.append("")
+    return out
+
+
+def _related(data: ReportData) -> list[str]:
+    out = ["## Related incidents", ""]
+    if not data.related:
+        return out + ["None in the same window.", ""]
+    out += ["| incident | severity | instance | started | ended | summary |", "|---|---|---|---|---|---|"]
+    for r in data.related:
+        ended = utc(parse_iso(r["end"]), with_date=False) if r.get("end") else "still firing"
+        out.append(f"| `{_cell(r.get('incident', '?'))}` (`{_cell(r.get('id', '?'))}`) | {_cell(r.get('severity', ''))} | "
+                   f"{_cell(r.get('instance', ''))} | {utc(parse_iso(r['start']), with_date=False)} | {ended} | "
+                   f"{_cell(r.get('summary', ''))} |")
+    return out + [""]
+
+
+def _missing(data: ReportData) -> list[str]:
+    out = ["## What was not checked", ""]
+    if not data.missing:
+        return out + ["Nothing: metrics, GPU counters, stacks and configuration were all available.", ""]
+    return out + [f"- {m}" for m in data.missing] + [""]
+
+
+def render_markdown(data: ReportData) -> str:
+    """The whole report as Markdown text; the same data always gives the same bytes."""
+    lines: list[str] = []
+    for section in (_title, _timeline, _evidence, _charts, _config, _fixes, _stacks, _related, _missing):
+        lines += section(data)
+    lines += ["---", "", f"_Written by vllm-sentinel at {utc(data.generated_ms)}"
+              + (f" from {data.source}" if data.source else "") + "._", ""]
+    return "\n".join(lines)
