@@ -1,0 +1,338 @@
+"""Find the vLLM processes behind a target (API server, EngineCore, Workers) and sample their CPU and memory.
+
+Everything is read from /proc (`proc_root` is injectable, so tests hand it a recorded tree): the
+listening socket of the target's port in /proc/net/tcp{,6} -> its inode -> the pids holding it in
+/proc/PID/fd -> their descendants, each given a role from the process title vLLM sets
+(`VLLM::EngineCore`, `VLLM::Worker_TP0`, `VLLM::APIServer_0`; the prefix is VLLM_PROCESS_NAME_PREFIX).
+
+Series (names carry the sidecar's prefix because vLLM's own /metrics already exposes an unlabelled
+`process_cpu_seconds_total` for the API server, which a `sum()` would otherwise double count):
+  vllm_sentinel_process_cpu_seconds_total{role,pid}   counter, user+system CPU seconds
+  vllm_sentinel_process_resident_memory_bytes{role,pid}
+  vllm_sentinel_process_threads{role,pid}
+  vllm_sentinel_process_start_time_seconds{role,pid}  a change means the process was restarted
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import Batch, CollectorStatus, Event
+
+ROLE_API_SERVER = "api_server"
+ROLE_ENGINE_CORE = "engine_core"
+ROLE_WORKER = "worker"
+ROLE_DP_COORDINATOR = "dp_coordinator"
+ROLE_OTHER = "other"
+
+_TCP_LISTEN = "0A"
+# `PREFIX::Name[_suffix]`; comm is cut at 15 characters ("VLLM::EngineCor"), so match prefixes of names
+_TITLE = re.compile(r"^[A-Za-z0-9_.-]*::(?P<name>[A-Za-z]+)")
+
+
+@dataclass
+class VllmProcess:
+    """One process of a vLLM server: its role, title and command line (argv; empty if unreadable)."""
+
+    pid: int
+    ppid: int
+    role: str
+    title: str
+    argv: list[str] = field(default_factory=list)
+
+    def flags(self) -> dict[str, str]:
+        """The `--flag value` options of its command line (see parse_cli_flags)."""
+        return parse_cli_flags(self.argv)
+
+
+@dataclass
+class ProcessUsage:
+    """Resource use of one process at one instant, read from /proc/PID/stat and statm."""
+
+    cpu_seconds: float
+    rss_bytes: int
+    threads: int
+    start_time_s: float
+
+
+class ProcessDiscoveryError(RuntimeError):
+    """The target's processes could not be found; the message names the cause and the fix."""
+
+
+def target_port(target: str) -> int:
+    """Port of a target URL or host:port: 'http://127.0.0.1:8000/metrics' -> 8000, 'h:9000' -> 9000."""
+    parsed = urllib.parse.urlsplit(target if "://" in target else f"http://{target}")
+    if parsed.port is not None:
+        return parsed.port
+    return 443 if parsed.scheme == "https" else 80
+
+
+def parse_cli_flags(argv: list[str]) -> dict[str, str]:
+    """Long options of a command line: ['--max-num-seqs', '8', '--enforce-eager'] -> {'--max-num-seqs': '8', '--enforce-eager': ''}.
+
+    `--a=b` and `--a b` are both understood; a flag followed by another flag (or nothing) is a
+    switch with value ''. Positional arguments (the model of `vllm serve MODEL`) are skipped.
+    """
+    flags: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--") and len(arg) > 2:
+            if "=" in arg:
+                key, value = arg.split("=", 1)
+                flags[key] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                flags[arg] = argv[i + 1]
+                i += 1
+            else:
+                flags[arg] = ""
+        i += 1
+    return flags
+
+
+def role_from_title(title: str) -> str | None:
+    """Role of a process from its vLLM title: 'VLLM::EngineCore_DP0' -> 'engine_core'; None if not a vLLM title."""
+    m = _TITLE.match(title)
+    if not m:
+        return None
+    name = m.group("name")
+    for prefix, role in (("EngineCor", ROLE_ENGINE_CORE), ("Worker", ROLE_WORKER),
+                         ("APIServer", ROLE_API_SERVER), ("DPCoordina", ROLE_DP_COORDINATOR)):
+        if name.startswith(prefix):
+            return role
+    return ROLE_OTHER
+
+
+def listening_inodes(port: int, proc_root: str | Path = "/proc") -> set[int]:
+    """Socket inodes listening on TCP `port` (any address, IPv4 or IPv6) in this network namespace."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            text = (Path(proc_root) / "net" / name).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines()[1:]:
+            cols = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(cols) < 10 or cols[3] != _TCP_LISTEN:
+                continue
+            local_port = int(cols[1].rsplit(":", 1)[1], 16)
+            if local_port == port and cols[9] != "0":
+                inodes.add(int(cols[9]))
+    return inodes
+
+
+def pids_holding(inodes: set[int], proc_root: str | Path = "/proc") -> tuple[list[int], int]:
+    """Pids with an open fd on one of the socket inodes, and how many /proc/PID/fd dirs were unreadable."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    holders: list[int] = []
+    unreadable = 0
+    for pid in _all_pids(proc_root):
+        fd_dir = Path(proc_root) / str(pid) / "fd"
+        try:
+            names = os.listdir(fd_dir)
+        except PermissionError:
+            unreadable += 1
+            continue
+        except OSError:
+            continue  # exited meanwhile
+        for fd in names:
+            try:
+                if os.readlink(fd_dir / fd) in wanted:
+                    holders.append(pid)
+                    break
+            except OSError:
+                continue
+    return sorted(holders), unreadable
+
+
+def read_title(pid: int, proc_root: str | Path = "/proc") -> tuple[str, list[str]]:
+    """(title, argv) of a process: the title is argv[0] as setproctitle left it, else comm."""
+    base = Path(proc_root) / str(pid)
+    argv: list[str] = []
+    try:
+        raw = (base / "cmdline").read_bytes()
+        # setproctitle pads the old argv area with NULs: drop the empty tail
+        argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0")]
+        while argv and argv[-1] == "":
+            argv.pop()
+    except OSError:
+        pass
+    try:
+        comm = (base / "comm").read_text().strip()
+    except OSError:
+        comm = ""
+    for candidate in (argv[0] if argv else "", comm):
+        if role_from_title(candidate) is not None:
+            return candidate, argv  # argv[0] keeps the full title that comm cuts at 15 characters
+    return comm or (os.path.basename(argv[0]) if argv else ""), argv
+
+
+def parent_map(proc_root: str | Path = "/proc") -> dict[int, int]:
+    """pid -> ppid for every live process under proc_root (zombies are dead: left out)."""
+    parents: dict[int, int] = {}
+    for pid in _all_pids(proc_root):
+        fields = _stat_fields(pid, proc_root)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            parents[pid] = int(fields[1])
+    return parents
+
+
+def discover(target: str, proc_root: str | Path = "/proc") -> list[VllmProcess]:
+    """The vLLM processes serving `target` (URL or host:port), API servers first; raise ProcessDiscoveryError.
+
+    The processes holding the listening socket whose parent does not hold it are the roots (the API
+    server; with --api-server-count > 1 the launcher); their descendants with a vLLM title are the
+    engine cores, workers, API-server replicas and the DP coordinator.
+    """
+    port = target_port(target)
+    inodes = listening_inodes(port, proc_root)
+    if not inodes:
+        raise ProcessDiscoveryError(
+            f"nothing listens on TCP port {port} in this network namespace ({proc_root}/net/tcp, tcp6): "
+            "run the sidecar beside vLLM (same host, or the same Kubernetes pod) and check --target")
+    holders, unreadable = pids_holding(inodes, proc_root)
+    if not holders:
+        hint = (f" ({unreadable} processes' fd tables were unreadable: run the sidecar as root or as "
+                "vLLM's user)") if unreadable else ""
+        raise ProcessDiscoveryError(
+            f"port {port} is listening but no visible process holds its socket{hint}; the sidecar must "
+            "share vLLM's PID namespace (Kubernetes: shareProcessNamespace: true; docker: --pid=container:NAME)")
+    parents = parent_map(proc_root)
+    held = set(holders)
+    roots = [p for p in holders if parents.get(p) not in held]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[VllmProcess] = []
+    seen: set[int] = set()
+    stack = list(reversed(roots))
+    while stack:
+        pid = stack.pop()
+        if pid in seen or pid not in parents:
+            continue
+        seen.add(pid)
+        title, argv = read_title(pid, proc_root)
+        role = role_from_title(title)
+        if pid in roots and role in (None, ROLE_OTHER):
+            role = ROLE_API_SERVER  # the listener itself is the (untitled) API server
+        if role is not None and role != ROLE_OTHER:
+            found.append(VllmProcess(pid=pid, ppid=parents.get(pid, 0), role=role, title=title, argv=argv))
+        stack.extend(sorted(children.get(pid, []), reverse=True))
+    order = {ROLE_API_SERVER: 0, ROLE_DP_COORDINATOR: 1, ROLE_ENGINE_CORE: 2, ROLE_WORKER: 3}
+    found.sort(key=lambda p: (order.get(p.role, 9), p.pid))
+    return found
+
+
+def read_usage(pid: int, proc_root: str | Path = "/proc") -> ProcessUsage | None:
+    """CPU seconds, RSS, threads and start time of a process; None if it has exited."""
+    fields = _stat_fields(pid, proc_root)
+    if fields is None:
+        return None
+    try:
+        statm = (Path(proc_root) / str(pid) / "statm").read_text().split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    # fields[0] is the state (field 3 of stat); utime/stime are fields 14/15, num_threads 20, starttime 22
+    utime, stime = int(fields[11]), int(fields[12])
+    return ProcessUsage(
+        cpu_seconds=(utime + stime) / ticks,
+        rss_bytes=int(statm[1]) * os.sysconf("SC_PAGE_SIZE"),
+        threads=int(fields[17]),
+        start_time_s=_boot_time(proc_root) + int(fields[19]) / ticks,
+    )
+
+
+class ProcessCollector:
+    """Collector: rediscovers the target's vLLM processes each run and records their CPU and memory."""
+
+    name = "process"
+
+    def __init__(self, target: str, instance: str | None = None, proc_root: str | Path = "/proc") -> None:
+        self.target = target
+        self.instance = instance or _instance_of(target)
+        self.proc_root = proc_root
+        self.processes: list[VllmProcess] = []  # last discovery, for py-spy and the config reader
+
+    def collect(self, now_ms: int) -> Batch:
+        """Discover, sample, and return the series; a discovery failure is a status, not an exception."""
+        batch = Batch(instance=self.instance, ts_ms=now_ms)
+        try:
+            found = discover(self.target, self.proc_root)
+        except ProcessDiscoveryError as exc:
+            batch.status = CollectorStatus(self.name, ok=False, error=str(exc))
+            batch.events.extend(self._changes([], now_ms))
+            self.processes = []
+            return batch
+        batch.events.extend(self._changes(found, now_ms))
+        self.processes = found
+        for proc in found:
+            usage = read_usage(proc.pid, self.proc_root)
+            if usage is None:
+                continue  # exited between discovery and reading: the next run reports it
+            labels = {"role": proc.role, "pid": str(proc.pid)}
+            batch.add("vllm_sentinel_process_cpu_seconds_total", labels, usage.cpu_seconds)
+            batch.add("vllm_sentinel_process_resident_memory_bytes", labels, float(usage.rss_bytes))
+            batch.add("vllm_sentinel_process_threads", labels, float(usage.threads))
+            batch.add("vllm_sentinel_process_start_time_seconds", labels, usage.start_time_s)
+        roles = sorted({p.role for p in found})
+        batch.status = CollectorStatus(self.name, ok=True, detail={
+            "processes": len(found), "roles": roles, "pids": [p.pid for p in found]})
+        return batch
+
+    def _changes(self, found: list[VllmProcess], now_ms: int) -> list[Event]:
+        """Events for processes that appeared or vanished since the previous run (none on the first)."""
+        if not self.processes and not found:
+            return []
+        before = {p.pid: p for p in self.processes}
+        after = {p.pid: p for p in found}
+        events = []
+        if self.processes:  # the first discovery is not a change
+            for pid in sorted(after.keys() - before.keys()):
+                p = after[pid]
+                events.append(Event(now_ms, self.instance, "process_started",
+                                    {"role": p.role, "pid": str(pid)}, f"{p.title} (pid {pid}) appeared"))
+        for pid in sorted(before.keys() - after.keys()):
+            p = before[pid]
+            events.append(Event(now_ms, self.instance, "process_exited",
+                                {"role": p.role, "pid": str(pid)}, f"{p.title} (pid {pid}) is gone"))
+        return events
+
+
+def _instance_of(target: str) -> str:
+    """host:port of a target URL, as Prometheus' `instance` label."""
+    parsed = urllib.parse.urlsplit(target if "://" in target else f"http://{target}")
+    return f"{parsed.hostname}:{target_port(target)}"
+
+
+def _all_pids(proc_root: str | Path) -> list[int]:
+    """Numeric entries of proc_root."""
+    try:
+        return sorted(int(n) for n in os.listdir(proc_root) if n.isdigit())
+    except OSError:
+        return []
+
+
+def _stat_fields(pid: int, proc_root: str | Path) -> list[str] | None:
+    """/proc/PID/stat fields after the comm (state first); comm may hold spaces and parentheses."""
+    try:
+        text = (Path(proc_root) / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _boot_time(proc_root: str | Path) -> float:
+    """System boot time (seconds since the epoch) from /proc/stat's btime; 0 if unreadable."""
+    try:
+        for line in (Path(proc_root) / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0

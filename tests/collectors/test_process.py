@@ -1,0 +1,214 @@
+"""collectors/process.py against real /proc: a listener with children titled as vLLM titles its processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_sentinel.collectors.process import (
+    ProcessCollector,
+    ProcessDiscoveryError,
+    discover,
+    listening_inodes,
+    parse_cli_flags,
+    read_usage,
+    role_from_title,
+    target_port,
+)
+
+# A stand-in for `vllm serve`: the parent listens (like the API server) and spawns an
+# "EngineCore" that spawns a "Worker"; titles are set with setproctitle exactly as vLLM does.
+_TREE = textwrap.dedent("""
+    import os, socket, sys, time
+    import setproctitle
+
+    def child(title, then=None):
+        pid = os.fork()
+        if pid == 0:
+            setproctitle.setproctitle(title)
+            if then:
+                then()
+            time.sleep(60)
+            os._exit(0)
+        return pid
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    s.set_inheritable(False)
+    engine = child("VLLM::EngineCore", lambda: (s.close(), child("VLLM::Worker_TP0")))
+    print(s.getsockname()[1], flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.fixture()
+def fake_server():
+    """A real process tree: listener (argv with vLLM flags) -> VLLM::EngineCore -> VLLM::Worker_TP0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TREE, "--max-num-seqs", "8", "--max-model-len=512", "--enforce-eager"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        port = int(proc.stdout.readline())
+        _wait_for(lambda: len(_titled_children(proc.pid)) == 2)
+        yield proc, port
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _titled_children(root: int) -> list[int]:
+    """Pids in root's process group whose cmdline starts with VLLM::."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(name)) == root and Path(f"/proc/{name}/cmdline").read_bytes().startswith(b"VLLM::"):
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_discover_finds_listener_engine_and_worker_with_roles(fake_server):
+    proc, port = fake_server
+    found = discover(f"http://127.0.0.1:{port}/metrics")
+    assert [p.role for p in found] == ["api_server", "engine_core", "worker"]
+    api, engine, worker = found
+    assert api.pid == proc.pid
+    assert engine.ppid == proc.pid and worker.ppid == engine.pid
+    assert engine.title == "VLLM::EngineCore" and worker.title == "VLLM::Worker_TP0"
+    # the lead reads engine flags from the API server's command line
+    assert api.flags()["--max-num-seqs"] == "8"
+    assert api.flags()["--max-model-len"] == "512"
+    assert api.flags()["--enforce-eager"] == ""
+
+
+def test_collector_emits_cpu_and_memory_series_per_process(fake_server):
+    proc, port = fake_server
+    collector = ProcessCollector(f"127.0.0.1:{port}")
+    batch = collector.collect(1_000)
+    assert batch.status is not None and batch.status.ok, batch.status
+    assert batch.instance == f"127.0.0.1:{port}"
+    rows = {(m, lab) for m, lab in zip(batch.metrics, batch.labels)}
+    for role in ("api_server", "engine_core", "worker"):
+        pid = next(p.pid for p in collector.processes if p.role == role)
+        labels = f'pid="{pid}",role="{role}"'
+        for metric in ("vllm_sentinel_process_cpu_seconds_total", "vllm_sentinel_process_resident_memory_bytes",
+                       "vllm_sentinel_process_threads", "vllm_sentinel_process_start_time_seconds"):
+            assert (metric, labels) in rows
+    rss = [v for m, v in zip(batch.metrics, batch.values) if m.endswith("resident_memory_bytes")]
+    assert all(v > 1_000_000 for v in rss)  # a Python interpreter holds megabytes
+    start = [v for m, v in zip(batch.metrics, batch.values) if m.endswith("start_time_seconds")]
+    assert all(abs(v - time.time()) < 600 for v in start)
+    assert batch.events == []  # first discovery is not a change
+
+
+def test_collector_reports_a_process_that_exited(fake_server):
+    proc, port = fake_server
+    collector = ProcessCollector(f"127.0.0.1:{port}")
+    collector.collect(1_000)
+    worker = next(p for p in collector.processes if p.role == "worker")
+    os.kill(worker.pid, signal.SIGKILL)
+    _wait_for(lambda: not any(p.role == "worker" for p in discover(f"127.0.0.1:{port}")))
+    batch = collector.collect(2_000)
+    assert [(e.kind, e.labels["role"], e.labels["pid"]) for e in batch.events] == [
+        ("process_exited", "worker", str(worker.pid))]
+    assert {p.role for p in collector.processes} == {"api_server", "engine_core"}
+
+
+def test_cpu_counter_grows_with_work():
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<3: pass"])
+    try:
+        first = read_usage(busy.pid)
+        time.sleep(0.5)
+        second = read_usage(busy.pid)
+        assert first is not None and second is not None
+        assert second.cpu_seconds > first.cpu_seconds
+    finally:
+        busy.kill()
+        busy.wait()
+    assert read_usage(busy.pid) is None  # reaped: gone, not an exception
+
+
+def test_nothing_listening_is_a_status_naming_the_fix():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening
+    with pytest.raises(ProcessDiscoveryError, match=f"nothing listens on TCP port {port}"):
+        discover(f"127.0.0.1:{port}")
+    batch = ProcessCollector(f"http://127.0.0.1:{port}").collect(5)
+    assert batch.status is not None and not batch.status.ok
+    assert "same Kubernetes pod" in (batch.status.error or "")
+    assert len(batch) == 0
+
+
+def test_listening_socket_read_from_an_injected_proc_root(tmp_path):
+    # /proc/net/tcp6 line of a server on [::]:8000 (0x1F40), inode 4242; a connected socket is ignored
+    net = tmp_path / "net"
+    net.mkdir()
+    (net / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:1F40 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 777 1\n")
+    (net / "tcp6").write_text(
+        "  sl  local_address                         remote_address                        st tx_queue rx_queue "
+        "tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 00000000000000000000000000000000:1F40 00000000000000000000000000000000:0000 0A "
+        "00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0\n")
+    assert listening_inodes(8000, tmp_path) == {4242}
+    assert listening_inodes(8001, tmp_path) == set()
+    pid_dir = tmp_path / "321"
+    (pid_dir / "fd").mkdir(parents=True)
+    os.symlink("socket:[4242]", pid_dir / "fd" / "5")
+    (pid_dir / "stat").write_text("321 (python (x)) S 1 321 321 0 -1 0 0 0 0 0 150 50 0 0 20 0 7 0 100 0 2000\n")
+    (pid_dir / "statm").write_text("1000 300 0 0 0 0 0\n")
+    (pid_dir / "cmdline").write_bytes(b"python\0-m\0vllm.entrypoints.openai.api_server\0--port\x008000\0")
+    (pid_dir / "comm").write_text("python\n")
+    (tmp_path / "stat").write_text("cpu 1 2 3\nbtime 1700000000\n")
+    found = discover("127.0.0.1:8000", tmp_path)
+    assert [(p.pid, p.role) for p in found] == [(321, "api_server")]
+    usage = read_usage(321, tmp_path)
+    assert usage is not None
+    assert usage.cpu_seconds == pytest.approx(200 / os.sysconf("SC_CLK_TCK"))
+    assert usage.rss_bytes == 300 * os.sysconf("SC_PAGE_SIZE")
+    assert usage.threads == 7
+    assert usage.start_time_s == pytest.approx(1_700_000_000 + 100 / os.sysconf("SC_CLK_TCK"))
+
+
+@pytest.mark.parametrize(("title", "role"), [
+    ("VLLM::EngineCore", "engine_core"), ("VLLM::EngineCor", "engine_core"),  # comm cuts at 15 chars
+    ("VLLM::EngineCore_DP1", "engine_core"), ("VLLM::Worker", "worker"), ("VLLM::Worker_TP1_PP0", "worker"),
+    ("VLLM::APIServer_0", "api_server"), ("VLLM::DPCoordinator", "dp_coordinator"),
+    ("MYPREFIX::Worker_TP0", "worker"), ("python", None), ("/usr/bin/python3", None),
+])
+def test_role_from_title(title, role):
+    assert role_from_title(title) == role
+
+
+def test_parse_cli_flags_and_target_port():
+    argv = ["vllm", "serve", "/models/x", "--max-num-seqs", "256", "--enable-prefix-caching",
+            "--max-model-len=4096", "--tensor-parallel-size", "2"]
+    assert parse_cli_flags(argv) == {"--max-num-seqs": "256", "--enable-prefix-caching": "",
+                                     "--max-model-len": "4096", "--tensor-parallel-size": "2"}
+    assert target_port("http://10.0.0.1:8000/metrics") == 8000
+    assert target_port("127.0.0.1:9000") == 9000
+    assert target_port("http://example") == 80
