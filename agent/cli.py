@@ -19,7 +19,7 @@ from vllm_sentinel.agent.timeparse import parse_duration_ms, parse_time_ms
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Observability and incident diagnosis for vLLM: metrics, GPU counters and stacks on one timeline.")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole for grep and logs
 
 DbOption = typer.Option(None, "--db", help="DuckDB file (default: $VLLM_SENTINEL_DB, else the per-user data dir)")
 
@@ -53,6 +53,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         db: Optional[Path] = DbOption,
         interval: str = typer.Option("1s", help="collection interval"),
         scrape_timeout: str = typer.Option("", help="per-scrape timeout (default: the interval, at most 10s)"),
+        scrape_max_bytes: int = typer.Option(32 * 2**20, help="largest /metrics answer read, in bytes"),
         retention: str = typer.Option("7d", help="keep this much history; older hours are dropped whole"),
         metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
         nvml: str = typer.Option("auto", help="GPU counters via NVML: auto (when nvidia-ml-py is installed), on, off"),
@@ -69,7 +70,8 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         options = DaemonOptions(
             targets=target, db=_db(db), interval_s=interval_s,
             scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
-            retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml)
+            retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
+            scrape_max_bytes=scrape_max_bytes)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None

@@ -20,6 +20,7 @@ class DaemonOptions:
     db: Path
     interval_s: float = 1.0
     scrape_timeout_s: float = 1.0
+    scrape_max_bytes: int = 32 * 2**20
     retention_ms: int = 7 * 86_400_000
     metrics_port: int | None = 9464
     socket_path: Path | None = None
@@ -33,7 +34,8 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000")
     if options.interval_s <= 0:
         raise ValueError("--interval must be positive")
-    collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s) for t in options.targets]
+    collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s, max_bytes=options.scrape_max_bytes)
+                  for t in options.targets]
     names = [c.instance for c in collectors]
     if len(set(names)) != len(names):
         raise ValueError(f"the same target is given twice: {names}")
