@@ -104,11 +104,11 @@ def list_rules(paths: Optional[list[Path]] = PathsArg,
 def export(out_dir: Path = typer.Option(..., "--out", help="directory for the plain Prometheus rule files and tests"),
            paths: Optional[list[Path]] = PathsArg) -> None:
     """Write plain Prometheus rule files (our keys as annotations) and their tests, for promtool and a ruler."""
-    from vllm_sentinel.agent.rulefile import RuleFileError, test_file_for
+    from vllm_sentinel.agent.rulefile import RuleFileError, rule_test_path
     from vllm_sentinel.agent.rules_export import ExportError, export_rules
 
     rule_paths = _rule_paths(paths)
-    tests = [t for p in rule_paths if (t := test_file_for(p)).is_file()]
+    tests = [t for p in rule_paths if (t := rule_test_path(p)).is_file()]
     try:
         result = export_rules(rule_paths, tests, out_dir)
     except (RuleFileError, ExportError) as e:

@@ -418,7 +418,7 @@ def expand_rule_paths(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def test_file_for(rule_path: Path) -> Path:
+def rule_test_path(rule_path: Path) -> Path:
     """Where a rule file's tests live: rules/x.yaml -> rules/tests/x.test.yaml."""
     return rule_path.parent / "tests" / f"{rule_path.stem}.test.yaml"
 
@@ -433,7 +433,7 @@ def lint_rules(files: list[RuleFile], known_fixes: set[str] | None = None) -> li
     problems: list[str] = []
     first_seen: dict[str, Rule] = {}
     for rf in files:
-        test = test_file_for(Path(rf.path))
+        test = rule_test_path(Path(rf.path))
         if not test.is_file():
             problems.append(f"{rf.path}: no test file; write {test} (promtool's format, a boundary pair "
                             "either side of `for`)")
