@@ -1,0 +1,151 @@
+"""The harness itself, against a real vLLM CPU server: traffic counts match /metrics, and the
+documented settings really produce queueing and preemptions (scenario tests build on these)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_sentinel.agent import traffic
+from vllm_sentinel.agent.traffic import TrafficPlan, TrafficResult
+from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig, VllmServerError
+
+pytestmark = pytest.mark.integration
+
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total")
+
+
+def scrape(server: VllmServer) -> dict[str, float]:
+    """Every sample of /metrics summed by sample name over its label sets (engines, finish reasons)."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+def delta(after: dict[str, float], before: dict[str, float], name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def settled_scrape(server: VllmServer, before: dict[str, float], result: TrafficResult) -> dict[str, float]:
+    """Scrape until the request counter has caught up with what the client saw (bounded: 15 s)."""
+    deadline = time.monotonic() + 15
+    while True:
+        after = scrape(server)
+        done = delta(after, before, "vllm:request_success_total") >= result.ok
+        if done or time.monotonic() > deadline:
+            return after
+        time.sleep(0.2)
+
+
+def drive_and_watch(
+    server: VllmServer, plan: TrafficPlan, gauges: tuple[str, ...] = ()
+) -> tuple[TrafficResult, dict[str, float], dict[str, float]]:
+    """Run `plan` in the background while polling `gauges`; return result, counter deltas, gauge maxima."""
+    before = scrape(server)
+    run = traffic.BackgroundTraffic(server.url, server.model_name, plan).start()
+    peaks = dict.fromkeys(gauges, 0.0)
+    while not run.done():
+        now = scrape(server)
+        for g in gauges:
+            peaks[g] = max(peaks[g], now.get(g, 0.0))
+        time.sleep(0.1)
+    result = run.wait(timeout_s=plan.request_timeout_s)
+    after = settled_scrape(server, before, result)
+    deltas = {name: delta(after, before, name) for name in after}
+    return result, deltas, peaks
+
+
+def test_server_identifies_itself(vllm_server: VllmServer) -> None:
+    assert vllm_server.is_running() and vllm_server.pid
+    assert vllm_server.url == f"http://127.0.0.1:{vllm_server.port}"
+    with urllib.request.urlopen(f"{vllm_server.url}/v1/models", timeout=10) as resp:
+        models = json.loads(resp.read())
+    assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+    info = scrape(vllm_server)
+    assert info.get("vllm:cache_config_info") == 1.0  # vLLM's own metrics, not just process ones
+    assert vllm_server.startup_seconds is not None and vllm_server.log_path.exists()
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        traffic.steady(requests=8, concurrency=2, interval_s=0.05, prompt_tokens=24, max_tokens=12),
+        traffic.burst(requests=6, prompt_tokens=40, max_tokens=20, seed=1),
+        traffic.mixed(requests=8, long_prompt_tokens=600, long_every=4, concurrency=4, max_tokens=8, seed=2),
+    ],
+    ids=["steady", "burst", "mixed"],
+)
+def test_traffic_counts_match_server_metrics(
+    vllm_server: VllmServer, plan: TrafficPlan, record_property: Callable[[str, object], None]
+) -> None:
+    result, deltas, _ = drive_and_watch(vllm_server, plan)
+    record_property("traffic_seconds", round(result.elapsed_s, 2))
+    assert (result.ok, result.failed) == (plan.requests, 0), result.errors
+    assert result.completion_tokens == plan.requests * plan.max_tokens  # ignore_eos: exact lengths
+    assert deltas["vllm:prompt_tokens_total"] == result.prompt_tokens
+    assert deltas["vllm:generation_tokens_total"] == result.completion_tokens
+    assert deltas["vllm:request_success_total"] == result.ok
+    assert deltas["vllm:num_preemptions_total"] == 0  # the default cache is far larger than this load
+
+
+def test_max_num_seqs_2_makes_requests_queue(
+    vllm_server_factory: Callable[..., VllmServer], record_property: Callable[[str, object], None]
+) -> None:
+    server = vllm_server_factory(max_num_seqs=2)
+    record_property("startup_seconds", round(server.startup_seconds or 0, 1))
+    plan = traffic.burst(requests=12, prompt_tokens=32, max_tokens=256)
+    result, deltas, peaks = drive_and_watch(
+        server, plan, ("vllm:num_requests_waiting", "vllm:num_requests_running")
+    )
+    record_property("traffic_seconds", round(result.elapsed_s, 2))
+    record_property("queue_time_sum_seconds", round(deltas["vllm:request_queue_time_seconds_sum"], 2))
+    assert result.ok == 12, result.errors
+    assert peaks["vllm:num_requests_running"] <= 2
+    assert peaks["vllm:num_requests_waiting"] >= 1
+    # 10 of 12 requests wait for at least one whole 256-token decode before they run
+    assert deltas["vllm:request_queue_time_seconds_sum"] > 0.1
+    assert deltas["vllm:request_queue_time_seconds_count"] == 12
+
+    pgid = server.pid
+    assert pgid is not None
+    server.stop()
+    with pytest.raises(ProcessLookupError):  # the whole group (API server, EngineCore) is gone
+        os.killpg(pgid, 0)
+
+
+def test_small_kv_cache_causes_preemptions(
+    vllm_server_factory: Callable[..., VllmServer], record_property: Callable[[str, object], None]
+) -> None:
+    # 8 blocks x 128 tokens = 1024 KV tokens; 12 requests of ~200 prompt + 300 new tokens cannot all grow
+    server = vllm_server_factory(num_gpu_blocks_override=8, max_model_len=512)
+    record_property("startup_seconds", round(server.startup_seconds or 0, 1))
+    plan = traffic.burst(requests=12, prompt_tokens=200, max_tokens=300)
+    result, deltas, peaks = drive_and_watch(server, plan, ("vllm:kv_cache_usage_perc",))
+    record_property("traffic_seconds", round(result.elapsed_s, 2))
+    record_property("preemptions", deltas["vllm:num_preemptions_total"])
+    assert result.ok == 12, result.errors
+    assert deltas["vllm:num_preemptions_total"] > 0
+    assert peaks["vllm:kv_cache_usage_perc"] > 0.9
+    assert deltas["vllm:generation_tokens_total"] == result.completion_tokens == 12 * 300
+
+
+def test_startup_failure_names_the_problem_and_quotes_the_log(tiny_model_dir: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    server = VllmServer(VllmServerConfig(model_dir=empty), log_path=tmp_path / "bad.log", startup_timeout_s=240)
+    with pytest.raises(VllmServerError, match="exited with code") as info:
+        server.start()
+    assert str(tmp_path / "bad.log") in str(info.value)
+    assert "not-a-model" in str(info.value)  # the log tail names the bad path
+    assert not server.is_running()
