@@ -31,8 +31,8 @@ class ProcessStacks:
     kind: str  # dump | record
     ts_ms: int
     samples: int
-    top_frames: list[tuple[str, float]] = field(default_factory=list)  # (frame, share of samples 0..1)
-    class_shares: dict[str, float] = field(default_factory=dict)  # class -> share 0..1
+    top_frames: list[tuple[str, float, str]] = field(default_factory=list)  # (frame, share 0..1, class label)
+    class_shares: dict[str, float] = field(default_factory=dict)  # class label -> share 0..1
     status: str = "ok"
     error: str | None = None
 
@@ -92,7 +92,7 @@ class ReportData:
                 flags=dict(cfg.get("flags") or {}), defaulted=set(cfg.get("defaulted") or []),
                 extra=dict(cfg.get("extra") or {})),
             fixes=list(d.get("fixes") or []),
-            stacks=[ProcessStacks(**{**p, "top_frames": [(f, float(s)) for f, s in p.get("top_frames") or []]})
+            stacks=[ProcessStacks(**{**p, "top_frames": [(f, float(s), c) for f, s, c in p.get("top_frames") or []]})
                     for p in d.get("stacks") or []],
             related=list(d.get("related") or []), missing=list(d.get("missing") or []),
             charts=list(d.get("charts") or []),
@@ -132,6 +132,13 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{_num(value * 100)} %"
     if unit == "%":
         return f"{_num(value)} %"
+    if unit in ("B", "bytes"):
+        for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= size:
+                return f"{_num(value / size)} {name}"
+        return f"{_num(value)} B"
+    if unit.startswith("1/"):  # a rate: 2.4/s
+        return f"{_num(value)}{unit[1:]}"
     return f"{_num(value)} {unit}".rstrip()
 
 
@@ -306,6 +313,11 @@ def serve_command(model: str, flags: dict[str, str], defaulted: set[str], touche
     return " ".join(parts)
 
 
+def is_flag_value(value: object) -> bool:
+    """True for a value that fits on a command line ('128', '0.85', 'fcfs'), not advice in words."""
+    return value is not None and str(value) != "" and not any(c.isspace() for c in str(value))
+
+
 def _fixes(data: ReportData) -> list[str]:
     out = ["## Suggested fix", ""]
     fixes = data.fixes
@@ -329,13 +341,16 @@ def _fixes(data: ReportData) -> list[str]:
     after = dict(before)
     touched = []
     for fix in fixes:
-        param = fix["param"]
+        param, suggested = fix["param"], fix.get("suggested")
+        if not is_flag_value(suggested):
+            continue  # advice in words ("lower it") has no place on a command line
         touched.append(param)
         if fix.get("current") is not None and param not in before:
             before[param] = str(fix["current"])
             defaulted.add(param)
-        if fix.get("suggested") is not None:
-            after[param] = str(fix["suggested"])
+        after[param] = str(suggested)
+    if not touched:
+        return out + ["No fix names a concrete value, so there is no command line to change.", ""]
     out += ["Before and after:", "", "```diff",
             f"- {serve_command(model, before, defaulted, touched)}",
             f"+ {serve_command(model, after, defaulted, touched)}",
@@ -361,8 +376,8 @@ def _stacks(data: ReportData) -> list[str]:
             out.append("Where the time went: " + ", ".join(f"{name} {share:.0%}" for name, share in shares) + ".")
             out.append("")
         if p.top_frames:
-            out += ["| share | frame |", "|---:|---|"]
-            out += [f"| {share:.0%} | `{_cell(frame)}` |" for frame, share in p.top_frames]
+            out += ["| share | class | frame |", "|---:|---|---|"]
+            out += [f"| {share:.0%} | {_cell(cls)} | `{_cell(frame)}` |" for frame, share, cls in p.top_frames]
             out.append("")
     return out
 

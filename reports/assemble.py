@@ -1,0 +1,277 @@
+"""Gather a report's data for one incident from the store: the incident, its evidence as ranges,
+the configuration at the time, stack captures, related incidents, and what could not be checked.
+
+Every part is optional: a table that does not exist yet, a module not installed, a query that fails
+becomes a line in `missing`, never an exception; only an unknown incident id is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_sentinel.reports.markdown import ConfigSnapshot, ProcessStacks, ReportData, parse_iso
+
+MIN_MARGIN_MS = 5 * 60_000  # context around the incident on the charts: at least 5 minutes each side
+TARGET_POINTS = 240  # points per line on a chart: smooth at ~1000 px, cheap to query
+NICE_STEPS_MS = (1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000,
+                 3_600_000)
+TOP_FRAMES = 8
+RELATED_LIMIT = 20
+
+
+class IncidentNotFound(LookupError):
+    """No incident with this id (or id prefix) is in the store."""
+
+
+def chart_window(start_ms: int, end_ms: int | None, now_ms: int) -> tuple[int, int]:
+    """The charted range: the incident plus max(5 min, half its length) either side, never past now.
+
+    chart_window(600_000, 660_000, 10**9) -> (300_000, 960_000)
+    """
+    if end_ms is None:  # still firing: chart up to now
+        return start_ms - max(MIN_MARGIN_MS, (now_ms - start_ms) // 2), now_ms
+    margin = max(MIN_MARGIN_MS, (end_ms - start_ms) // 2)
+    return start_ms - margin, min(now_ms, end_ms + margin)
+
+
+def step_for(window: tuple[int, int], points: int = TARGET_POINTS) -> int:
+    """The smallest 'nice' step giving at most `points` steps: 20 min window -> 5000 ms."""
+    span = max(1, window[1] - window[0])
+    for step in NICE_STEPS_MS:
+        if span / step <= points:
+            return step
+    return NICE_STEPS_MS[-1]
+
+
+def _table_exists(store: Any, name: str) -> bool:
+    row = store.cursor().execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
+    return bool(row and row[0])
+
+
+def load_incident(store: Any, incident_id: str) -> dict:
+    """The incident with this id (a unique prefix is enough), in the diagnose JSON contract."""
+    if not _table_exists(store, "incidents"):
+        raise IncidentNotFound(f"{store.path} has no incidents table yet: no rule has been evaluated on this "
+                               "database. Run the sidecar (`vllm-sentinel run`) or `diagnose` first.")
+    rows = store.cursor().execute(
+        "SELECT id, start_ms FROM incidents WHERE id = ? OR starts_with(id, ?) ORDER BY id LIMIT 5",
+        [incident_id, incident_id]).fetchall()
+    exact = [r for r in rows if r[0] == incident_id]
+    if exact:
+        rows = exact
+    if not rows:
+        raise IncidentNotFound(f"no incident {incident_id!r} in {store.path}. List them with "
+                               "`vllm-sentinel diagnose --since 24h --format json`.")
+    if len(rows) > 1:
+        raise IncidentNotFound(f"{incident_id!r} matches several incidents ({', '.join(r[0] for r in rows)}); "
+                               "give more of the id.")
+    found_id, start_ms = rows[0]
+    from vllm_sentinel.agent.incidents import stored_incidents
+    for inc in stored_incidents(store, start_ms - 1, start_ms):
+        if inc["id"] == found_id:
+            return inc
+    raise IncidentNotFound(f"incident {found_id} vanished while reading {store.path}; try again.")
+
+
+def _agrees(series_labels: dict[str, str], alert_labels: dict[str, str]) -> bool:
+    """True when no label the two share disagrees (an evidence series of this incident's instance)."""
+    return all(alert_labels[k] == v for k, v in series_labels.items() if k in alert_labels and k != "__name__")
+
+
+def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[str]) -> tuple[dict, dict]:
+    """signal -> PromQL and signal -> description, from the incident itself or its rule."""
+    exprs = {e["signal"]: e["expr"] for e in incident.get("evidence", []) if e.get("expr")}
+    descriptions: dict[str, str] = {}
+    wanted = [e["signal"] for e in incident.get("evidence", []) if e["signal"] not in exprs]
+    if not wanted:
+        return exprs, descriptions
+    if rules is None:
+        try:
+            from vllm_sentinel.agent.cli_rules import default_rules_dir
+            from vllm_sentinel.agent.rulefile import expand_rule_paths, load_rule_files
+            rules = load_rule_files(expand_rule_paths([default_rules_dir()]))
+        except Exception as e:  # a broken rule pack must not stop the report
+            missing.append(f"Charts: the rule files could not be loaded ({e}), so the evidence was not charted.")
+            return exprs, descriptions
+    rule = next((r for f in rules for r in getattr(f, "rules", [f]) if r.name == incident.get("rule")), None)
+    if rule is None:
+        missing.append(f"Charts: rule {incident.get('rule')!r} is not in the loaded rule files (renamed or "
+                       "removed since the incident), so its evidence was not charted.")
+        return exprs, descriptions
+    for ev in rule.evidence:
+        if ev.signal in wanted:
+            exprs[ev.signal] = ev.expr
+            if ev.description:
+                descriptions[ev.signal] = ev.description
+    return exprs, descriptions
+
+
+def _evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: tuple[int, int],
+                     engine: Any, missing: list[str]) -> dict[str, list]:
+    if engine is None:
+        try:
+            from vllm_sentinel.agent.promql.engine import Engine
+        except ImportError as e:
+            missing.append(f"Charts: the PromQL engine is not available ({e}).")
+            return {}
+        engine = Engine(store)
+    alert_labels = {**(incident.get("labels") or {}), "instance": incident.get("instance")}
+    step = step_for(window)
+    out: dict[str, list] = {}
+    for ev in incident.get("evidence", []):
+        signal = ev["signal"]
+        if signal not in exprs:
+            continue
+        try:
+            result = engine.range(exprs[signal], window[0], window[1], step)
+        except Exception as e:  # one bad expression costs one chart, not the report
+            missing.append(f"Evidence `{signal}`: its query failed over the window ({e}).")
+            continue
+        lines = []
+        for s in result:
+            labels = {k: v for k, v in dict(s.labels).items() if k != "__name__"}
+            if not _agrees(labels, alert_labels):
+                continue
+            pts = [(int(t), None if v is None or math.isnan(v) else float(v)) for t, v in s.points]
+            lines.append((labels, pts))
+        lines.sort(key=lambda lp: sorted(lp[0].items()))
+        out[signal] = lines
+    return out
+
+
+def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
+    """The configuration snapshot in force at t_ms (else the first one after it), or None."""
+    cur = store.cursor()
+    row = cur.execute("SELECT ts, config, sources FROM config_snapshots WHERE instance = ? AND ts <= ? "
+                      "ORDER BY ts DESC LIMIT 1", [instance, t_ms]).fetchone()
+    if row is None:
+        row = cur.execute("SELECT ts, config, sources FROM config_snapshots WHERE instance = ? "
+                          "ORDER BY ts LIMIT 1", [instance]).fetchone()
+    if row is None:
+        return None
+    ts, config, sources = row
+    config = json.loads(config) if isinstance(config, str) else dict(config or {})
+    sources = json.loads(sources) if isinstance(sources, str) else dict(sources or {})
+    return snapshot_from_config(ts, config, sources)
+
+
+# where a value came from (liveconfig's `sources`) -> shown as a command-line flag or as a fact
+_FLAG_SOURCES = {"flag", "cli", "command_line", "argv", "default"}
+
+
+def snapshot_from_config(ts_ms: int | None, config: dict, sources: dict) -> ConfigSnapshot:
+    """A ConfigSnapshot from a stored config ({'max_num_seqs': 256, ...}) and where each value came from.
+
+    snapshot_from_config(0, {'max_num_seqs': 2, 'num_gpu_blocks': 9}, {'max_num_seqs': 'flag',
+    'num_gpu_blocks': 'cache_config_info'}) -> flags {'--max-num-seqs': '2'}, extra {'num_gpu_blocks': '9'}
+    """
+    flags: dict[str, str] = {}
+    defaulted: set[str] = set()
+    extra: dict[str, str] = {}
+    model = config.get("model")
+    for key, value in sorted(config.items()):
+        if key == "model" or value is None or isinstance(value, (dict, list)):
+            continue
+        src = str(sources.get(key, ""))
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if src in _FLAG_SOURCES:
+            flag = "--" + key.replace("_", "-")
+            flags[flag] = text
+            if src == "default":
+                defaulted.add(flag)
+        else:
+            extra[key] = text
+    used = sorted({str(v) for v in sources.values() if v})
+    return ConfigSnapshot(ts_ms=ts_ms, source=", ".join(used) or "live configuration", model=model,
+                          flags=flags, defaulted=defaulted, extra=extra)
+
+
+def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[str]) -> list[ProcessStacks]:
+    if not _table_exists(store, "captures"):
+        missing.append("Stacks: this database has no captures table (stack capture not set up), so "
+                       "where the processes spent their time was not checked.")
+        return []
+    try:
+        from vllm_sentinel.collectors.frames import LABELS, summarize
+    except ImportError as e:
+        missing.append(f"Stacks: frame classification is not available ({e}).")
+        return []
+    rows = store.cursor().execute(
+        "SELECT ts, pid, role, kind, status, error, samples, folded FROM captures "
+        "WHERE incident_id = ? OR (incident_id IS NULL AND instance = ? AND ts >= ? AND ts <= ?) "
+        "ORDER BY ts, role, pid", [incident["id"], incident.get("instance"), *window]).fetchall()
+    if not rows:
+        missing.append("Stacks: no py-spy capture was taken for this incident (py-spy missing, ptrace not "
+                       "permitted, or rate-limited), so where the processes spent their time was not checked.")
+        return []
+    from vllm_sentinel.collectors.pyspy import parse_folded
+    out = []
+    for ts, pid, role, kind, status, error, samples, folded in rows:
+        if not folded:
+            out.append(ProcessStacks(role=role, pid=pid, kind=kind, ts_ms=ts, samples=int(samples or 0),
+                                     status=status, error=error))
+            continue
+        prof = summarize(parse_folded(folded), pid=pid, role=role, top=TOP_FRAMES)
+        total = prof.samples or 1
+        out.append(ProcessStacks(
+            role=role, pid=pid, kind=kind, ts_ms=ts, samples=prof.samples, status=status, error=error,
+            top_frames=[(f, n / total, LABELS.get(c, c)) for f, c, n in prof.top_frames],
+            class_shares={LABELS.get(c, c): n / total for c, n in prof.class_samples.items()}))
+    if all(p.status not in ("ok", "truncated") for p in out):
+        missing.append("Stacks: every capture for this incident failed (see Stack evidence for why).")
+    return out
+
+
+def _has_gpu_series(store: Any, instance: str | None) -> bool:
+    row = store.cursor().execute("SELECT count(*) FROM series WHERE metric LIKE 'DCGM_%' AND (? IS NULL OR "
+                                 "instance = ?)", [instance, instance]).fetchone()
+    return bool(row and row[0])
+
+
+def _related(store: Any, incident: dict, window: tuple[int, int]) -> list[dict]:
+    from vllm_sentinel.agent.incidents import stored_incidents
+    others = [i for i in stored_incidents(store, window[0], window[1]) if i["id"] != incident["id"]]
+    # this instance first: the likeliest cause or consequence
+    others.sort(key=lambda i: (i.get("instance") != incident.get("instance"), i["start"], i["id"]))
+    return others[:RELATED_LIMIT]
+
+
+def assemble(store: Any, incident_id: str, *, now_ms: int, rules: Sequence[Any] | None = None,
+             engine: Any = None, source: str = "") -> ReportData:
+    """Everything the report on `incident_id` shows, read from `store` as of `now_ms`."""
+    incident = load_incident(store, incident_id)
+    start = parse_iso(incident["start"])
+    end = parse_iso(incident["end"]) if incident.get("end") else None
+    window = chart_window(start, end, max(now_ms, end or start))
+    missing: list[str] = []
+
+    exprs, descriptions = _evidence_exprs(incident, rules, missing)
+    series = _evidence_series(store, incident, exprs, window, engine, missing) if exprs else {}
+    for ev in incident.get("evidence", []):
+        if ev["signal"] in series and not any(any(v is not None for _, v in pts) for _, pts in series[ev["signal"]]):
+            missing.append(f"Evidence `{ev['signal']}`: no samples around the incident (the metric was not "
+                           "scraped, or this vLLM version does not export it).")
+
+    config = None
+    if not _table_exists(store, "config_snapshots"):
+        missing.append("Configuration: this database has no configuration snapshots, so the fixes could not "
+                       "be checked against the live values.")
+    else:
+        config = config_at(store, incident.get("instance") or "", start)
+        if config is None:
+            missing.append(f"Configuration: no snapshot of {incident.get('instance')}'s configuration was "
+                           "recorded (the sidecar could not read the vLLM command line or /metrics info).")
+
+    if not _has_gpu_series(store, incident.get("instance")):
+        missing.append("GPU counters: no NVML series for this instance (no GPU, no driver, or the NVML "
+                       "collector off), so GPU utilisation, memory and bandwidth were not checked.")
+    stacks = _stacks(store, incident, window, missing)
+    related = _related(store, incident, window)
+    return ReportData(incident=incident, window_ms=window, generated_ms=now_ms,
+                      source=source or f"duckdb:{store.path}", evidence_series=series, evidence_exprs=exprs,
+                      evidence_descriptions=descriptions, config=config, fixes=list(incident.get("fixes") or []),
+                      stacks=stacks, related=related, missing=missing)

@@ -1,0 +1,64 @@
+"""Write one incident report to disk: DIR/<incident-id>/report.md with its chart PNGs beside it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from vllm_sentinel.reports.charts import chart_data, chart_filename, draw_chart
+from vllm_sentinel.reports.markdown import ReportData, incident_span, render_markdown
+
+REPORT_NAME = "report.md"
+
+
+@dataclass
+class WrittenReport:
+    """Where a report went: its folder, the Markdown file, and the chart PNGs."""
+
+    directory: Path
+    markdown: Path
+    charts: list[Path]
+
+
+def plan_charts(data: ReportData) -> list[dict]:
+    """Chart data for each evidence signal that has samples, in evidence order (see charts.chart_data)."""
+    span = incident_span(data)
+    out = []
+    for ev in data.incident.get("evidence") or []:
+        series = data.evidence_series.get(ev["signal"]) or []
+        if not any(v is not None for _, pts in series for _, v in pts):
+            continue  # an empty chart says less than the evidence table's "no samples"
+        out.append(chart_data(ev["signal"], series, window_ms=data.window_ms, incident_ms=span,
+                              threshold=ev.get("threshold"), unit=ev.get("unit", ""),
+                              description=data.evidence_descriptions.get(ev["signal"], "")))
+    return out
+
+
+def prepare(data: ReportData) -> tuple[str, list[dict]]:
+    """The report's Markdown and its charts' data, without touching the disk (what golden tests check)."""
+    charts = plan_charts(data)
+    text = render_markdown(replace(data, charts=[c["signal"] for c in charts]))
+    return text, charts
+
+
+def report_dir_name(incident_id: str) -> str:
+    """A folder name for an incident id, safe on every filesystem."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", incident_id).strip("._")
+    if not name:
+        raise ValueError(f"incident id {incident_id!r} gives no usable folder name")
+    return name
+
+
+def write_report(data: ReportData, out_dir: str | Path) -> WrittenReport:
+    """Write report.md and one PNG per charted signal into out_dir/<incident id>/; returns the paths."""
+    directory = Path(out_dir) / report_dir_name(data.incident["id"])
+    directory.mkdir(parents=True, exist_ok=True)
+    text, charts = prepare(data)
+    pngs = [draw_chart(c, directory / chart_filename(c["signal"])) for c in charts]
+    md = directory / REPORT_NAME
+    # write to a temp name first: a reader (a browser, the sidecar's API) never sees half a report
+    tmp = md.with_suffix(".md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(md)
+    return WrittenReport(directory=directory, markdown=md, charts=pngs)
