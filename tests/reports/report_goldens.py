@@ -48,3 +48,23 @@ def compact_json(obj: object) -> str:
     import re
     text = json.dumps(obj, indent=1, sort_keys=True)
     return re.sub(r"\[\n\s+(-?[\d.e+-]+),\n\s+([^\n\[\]{}]+?)\n\s+\]", r"[\1, \2]", text) + "\n"
+
+
+def check_golden(path: Path, text: str, regen: bool) -> None:
+    """Compare `text` with the golden at `path` byte for byte; with regen, rewrite it and say so (skip)."""
+    import difflib
+
+    import pytest
+    if regen:
+        changed = not path.exists() or path.read_text() != text
+        path.write_text(text)
+        if changed:
+            pytest.skip(f"rewrote {path}: review `git diff` before committing")
+        return
+    assert path.exists(), f"{path} is missing: create it with `python -m tests.reports.regenerate`"
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
+                                            str(path), "rendered now"))
+        pytest.fail(f"{path.name} differs from the rendering (if intended: "
+                    f"`python -m tests.reports.regenerate`, then review git diff):\n{diff[:6000]}")
