@@ -185,6 +185,9 @@ class Engine:
         self.store = store
         self.lookback_ms = int(lookback_ms)
         self._catalog = _Catalog()
+        # tests only: a random.Random that shuffles the input order of aggregations, to find results that
+        # depend on series order (Prometheus' own order is its map iteration order, i.e. random)
+        self._shuffle = None
 
     # -- public API ---------------------------------------------------------------------------
     def instant(self, expr: str, t_ms: int) -> list[Sample] | float | list[Series]:
@@ -347,6 +350,10 @@ class Engine:
         vec = self._eval(node.expr, ctx)
         if not isinstance(vec, _Vec):
             raise PromQLError(f"expected an instant vector in aggregation {op}")
+        if self._shuffle is not None and len(vec.keys) > 1:
+            perm = list(range(len(vec.keys)))
+            self._shuffle.shuffle(perm)
+            vec = _Vec([vec.keys[i] for i in perm], vec.v[perm], vec.ok[perm])
         param = self._eval(node.param, ctx) if node.param is not None else None
         without = False
         grouping: list[str] = []
@@ -419,6 +426,14 @@ class Engine:
                                   *[self._string_arg(a, ctx, name) for a in args[1:5]])
         raise Unsupported(f"unsupported: function {name}")
 
+    def _replay(self, name: str, ctx: _Ctx, sids: list[int], offset: int, rng: int, rows: np.ndarray,
+                steps: np.ndarray, counts: np.ndarray, row_of: dict) -> np.ndarray:
+        lo = int(ctx.grid.t_ms.min()) - offset - rng
+        hi = int(ctx.grid.t_ms.max()) - offset
+        res = sql.window_values(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng)
+        vals = _replay_matrix(res, rows, steps, counts, row_of, ctx.grid.n)
+        return fn.sequential_over_time(name, vals, counts)
+
     def _vector_arg(self, node: pp.Expr, ctx: _Ctx, fname: str) -> _Vec:
         val = self._eval(node, ctx)
         if not isinstance(val, _Vec):
@@ -471,6 +486,10 @@ class Engine:
         steps = np.asarray(res["step"], dtype=np.int64)
         t_eval = ctx.grid.t_ms[steps]
         values, good = _range_kernel(name, res, t_eval, offset, rng, scalar_param[steps] if scalar_param is not None else None)
+        if name in SEQUENTIAL_OVER_TIME and len(rows):
+            counts = _col(res, "n", np.int64)
+            if len(rows) * int(counts.max()) <= EXACT_REPLAY_CELLS:
+                values = self._replay(name, ctx, sids, offset, rng, rows, steps, counts, row_of)
         if name == "absent_over_time":
             seen = np.zeros(n, dtype=bool)
             seen[steps] = True
@@ -483,6 +502,24 @@ class Engine:
         if name != "last_over_time":
             keys = [_drop_name(k) for k in keys]
         return _dedupe(_Vec(keys, v, ok), whole_series=True)
+
+
+# avg/stddev/stdvar_over_time are replayed exactly (Prometheus' compensated, time-ordered
+# arithmetic) up to this many window cells; beyond it DuckDB's avg/var_pop answer, which can
+# differ from Prometheus in the last bit or two.
+EXACT_REPLAY_CELLS = 4_000_000
+SEQUENTIAL_OVER_TIME = {"avg_over_time", "stddev_over_time", "stdvar_over_time"}
+
+def _replay_matrix(res: dict, rows: np.ndarray, steps: np.ndarray, counts: np.ndarray, row_of: dict,
+                   n_steps: int) -> np.ndarray:
+    """Window values laid out as (window x position), windows in the order of (rows, steps)."""
+    window_of = np.full((max(row_of.values()) + 1) * n_steps, -1, dtype=np.int64)
+    window_of[rows * n_steps + steps] = np.arange(len(rows))
+    v_rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
+    w = window_of[v_rows * n_steps + np.asarray(res["step"], dtype=np.int64)]
+    out = np.full((len(rows), int(counts.max())), np.nan)
+    out[w, np.asarray(res["pos"], dtype=np.int64)] = np.asarray(res["value"], dtype=np.float64)
+    return out
 
 
 _WANTED = {

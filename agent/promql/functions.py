@@ -141,7 +141,13 @@ def bucket_quantile(q: float, bounds: np.ndarray, counts: np.ndarray) -> float:
         start = ub[b - 1]
         count -= cnt[b - 1]
         rank -= cnt[b - 1]
-    return start + (end - start) * (rank / count)
+    return start + (end - start) * _div(rank, count)
+
+
+def _div(a: float, b: float) -> float:
+    """IEEE division as Go does it (x/0 is +-Inf or NaN, never an exception)."""
+    with np.errstate(all="ignore"):
+        return float(np.float64(a) / np.float64(b))
 
 
 def go_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -176,3 +182,36 @@ SIMPLE_MATH = {
     "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "deg": lambda v: v * 180 / math.pi, "rad": lambda v: v * math.pi / 180,
 }
+
+
+def sequential_over_time(name: str, vals: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """avg/stddev/stdvar_over_time replayed as Prometheus 2.42 does (Kahan-compensated, in time order).
+
+    vals is (windows x longest window), row w holding its counts[w] values first; the loop runs over
+    positions in a window, each step vectorised across all windows.
+    """
+    w = vals.shape[0]
+    count = np.zeros(w)
+    mean, c = np.zeros(w), np.zeros(w)
+    aux, c_aux = np.zeros(w), np.zeros(w)
+    with np.errstate(all="ignore"):
+        for pos in range(vals.shape[1]):
+            live = pos < counts
+            v = vals[:, pos]
+            count = np.where(live, count + 1, count)
+            if name == "avg_over_time":
+                inf = np.isinf(mean)
+                skip = inf & ((np.isinf(v) & ((mean > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
+                upd = live & ~skip
+                m2, c2 = kahan_inc(v / count - mean / count, mean, c)
+                mean, c = np.where(upd, m2, mean), np.where(upd, c2, c)
+            else:
+                delta = v - (mean + c)
+                m2, c2 = kahan_inc(delta / count, mean, c)
+                a2, ca2 = kahan_inc(delta * (v - (m2 + c2)), aux, c_aux)
+                mean, c = np.where(live, m2, mean), np.where(live, c2, c)
+                aux, c_aux = np.where(live, a2, aux), np.where(live, ca2, c_aux)
+        if name == "avg_over_time":
+            return np.where(np.isinf(mean), mean, mean + c)
+        var = (aux + c_aux) / count
+        return np.sqrt(var) if name == "stddev_over_time" else var

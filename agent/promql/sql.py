@@ -139,7 +139,7 @@ def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: li
         sql = f"{inner} SELECT step, series_id, {', '.join(cols)} FROM {src} GROUP BY step, series_id"
         if quantile is not None and 0 <= quantile <= 1:
             # Prometheus' quantile(): rank q*(n-1), weights applied as lower*(1-w) + upper*w
-            q = repr(float(quantile))
+            q = f"{float(quantile)!r}::DOUBLE"  # a bare literal would be DECIMAL: exact, unlike Go
             sql = f"""SELECT * EXCLUDE (qs, lo, hi, w), qs[lo + 1] * (1 - w) + qs[hi + 1] * w AS q FROM (
                 SELECT *, least(n - 1, lo + 1) AS hi FROM (
                     SELECT *, greatest(0, floor({q} * (n - 1)))::BIGINT AS lo,
@@ -156,3 +156,26 @@ def raw_window(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int]
     sql = (_filtered_samples(samples_sql, sids, hi - range_ms, hi, keep_stale=False)
            + " ORDER BY series_id, ts")
     return cur.execute(sql).fetchnumpy()
+
+
+def window_values(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,
+                  offset_ms: int, range_ms: int) -> dict[str, np.ndarray]:
+    """Every sample of every (step, series) window, numbered in time order: step, series_id, pos, value.
+
+    For functions whose Prometheus result depends on the order of floating-point operations
+    (avg/stddev/stdvar_over_time), so they can be replayed exactly, vectorised across windows.
+    """
+    ref = grid.t_ms - offset_ms
+    lo, hi = int(ref.min()) - range_ms, int(ref.max())
+    steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
+                                     "ref": pa.array(ref, pa.int64())}))
+    try:
+        sql = f"""
+            WITH s AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)})
+            SELECT g.step AS step, s.series_id AS series_id,
+                   (row_number() OVER (PARTITION BY g.step, s.series_id ORDER BY s.ts) - 1)::INTEGER AS pos,
+                   s.value AS value
+            FROM {steps} g JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref"""
+        return cur.execute(sql).fetchnumpy()
+    finally:
+        cur.unregister(steps)
