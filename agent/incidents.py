@@ -25,6 +25,7 @@ from typing import Any
 
 from vllm_sentinel.agent.alerting import (FIRING, PENDING, Alert, AlertingRuleState, GroupEvaluator,
                                           label_key, store_sink, to_vector)
+from vllm_sentinel.agent.replay import needs_replay, replay_store
 from vllm_sentinel.agent.rulefile import Rule, RuleFile, RuleGroup
 
 log = logging.getLogger(__name__)
@@ -340,28 +341,43 @@ def stored_incidents(store: Any, start_ms: int, end_ms: int, instance: str | Non
 # -- evaluation over a window ------------------------------------------------------------------
 def evaluate_window(store: Any, start_ms: int, end_ms: int, instance: str | None,
                     rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,
-                    engine: Any = None, config_for: ConfigFor = _no_config) -> list[dict]:
+                    engine_factory: Callable[[Any], Any] | None = None,
+                    config_for: ConfigFor = _no_config) -> list[dict]:
     """Incidents of the alerting rules inside (start_ms, end_ms], found by range evaluation.
 
     Each alert expression is evaluated once as a range query from `start_ms - for` (so an
     alert already pending at the window start can fire inside it) to `end_ms`; the alert state
-    machine then steps through the result exactly as live evaluation would. Recording rules are
-    not re-evaluated: an alert that reads a recorded series needs the sidecar to have stored it.
+    machine then steps through the result exactly as live evaluation would. An alert that reads
+    a recording rule's series the store lacks (history the sidecar never evaluated) runs on a
+    replay copy where the recording rules were evaluated first (agent/replay.py).
     """
     load_fix_plugins()
-    engine = engine or _default_engine(store)
-    found: list[Incident] = []
-    for rule in _alerting_rules(_groups_of(rules)):
-        found.extend(_replay(rule, engine, start_ms, end_ms, step_ms))
-    out = []
-    for inc in found:
-        if instance is not None and inc.labels.get("instance") != instance:
-            continue
-        t = inc.peak_ms if inc.peak_ms is not None else inc.start_ms
-        inc.evidence = evidence_values(inc.rule, engine.instant, t, inc.labels)
-        values = {e["signal"]: e["value"] for e in inc.evidence}
-        inc.fixes = compute_fixes(inc.rule, config_for(inc.labels.get("instance")), values, inc.labels)
-        out.append(inc.as_dict())
+    factory = engine_factory or _default_engine
+    groups = _groups_of(rules)
+    alerts = _alerting_rules(groups)
+    if not alerts:
+        return []
+    overlay = None
+    if needs_replay(store, groups):
+        first = min(((start_ms - r.for_ms) // step_ms) * step_ms for r in alerts)
+        overlay = replay_store(store, groups, first, end_ms, step_ms, factory)
+    try:
+        engine = factory(overlay if overlay is not None else store)
+        found: list[Incident] = []
+        for rule in alerts:
+            found.extend(_replay(rule, engine, start_ms, end_ms, step_ms))
+        out = []
+        for inc in found:
+            if instance is not None and inc.labels.get("instance") != instance:
+                continue
+            t = inc.peak_ms if inc.peak_ms is not None else inc.start_ms
+            inc.evidence = evidence_values(inc.rule, engine.instant, t, inc.labels)
+            values = {e["signal"]: e["value"] for e in inc.evidence}
+            inc.fixes = compute_fixes(inc.rule, config_for(inc.labels.get("instance")), values, inc.labels)
+            out.append(inc.as_dict())
+    finally:
+        if overlay is not None:
+            overlay.close()
     out.sort(key=lambda d: (d["start"], d["rule"], d["id"]))
     return out
 

@@ -146,3 +146,51 @@ def test_unregistered_fix_function_says_so(store) -> None:
     [inc] = evaluate_window(store, 0, 150 * S, None, [parse_rule_text(text, "q.yaml")])
     assert "fix function 'nope' is not registered" in inc["fixes"][0]["why"]
     assert "test_double_seqs" in FIX_FUNCTIONS
+
+
+RECORDED = """\
+groups:
+- name: r
+  rules:
+  - record: instance:waiting:max
+    expr: max by (instance) (vllm:num_requests_waiting)
+  - alert: QueueHighRecorded
+    expr: instance:waiting:max > 1
+    for: 10s
+    labels: {incident: queue_blocking, severity: critical}
+    annotations: {summary: "{{ $labels.instance }} waits"}
+    evidence: [{signal: waiting, expr: 'instance:waiting:max', unit: requests}]
+"""
+
+
+def test_window_replays_recording_rules_the_store_lacks(store) -> None:
+    from vllm_sentinel.agent.replay import needs_replay
+
+    rf = [parse_rule_text(RECORDED, "r.yaml")]
+    assert needs_replay(store, rf[0].groups)  # history nobody evaluated: no instance:waiting:max stored
+    [inc] = evaluate_window(store, 0, 150 * S, None, rf)
+    assert (inc["rule"], inc["start"], inc["end"], inc["peak"]) == ("QueueHighRecorded", iso(65 * S), iso(85 * S), 8.0)
+    assert inc["evidence"][0]["value"] == 8.0
+    # once the sidecar has recorded the series, the window reads them from the store itself
+    ev = Evaluator(rf)
+    for t in range(0, 150 * S, 5 * S):
+        ev(store, t)
+    assert not needs_replay(store, rf[0].groups)
+    [again] = evaluate_window(store, 0, 150 * S, None, rf)
+    assert again == inc == stored_incidents(store, 0, 150 * S)[0]
+
+
+def test_replayed_recording_series_go_stale_like_prometheus(store) -> None:
+    from vllm_sentinel.agent.promql.engine import Engine
+    from vllm_sentinel.agent.replay import replay_store
+
+    text = RECORDED.replace("max by (instance) (vllm:num_requests_waiting)",
+                            "vllm:num_requests_waiting > 1")
+    mem = replay_store(store, parse_rule_text(text, "r.yaml").groups, 0, 150 * S, 5 * S, Engine)
+    try:
+        e = Engine(mem)
+        assert [s.value for s in e.instant("instance:waiting:max", 80 * S)] == [3.0]
+        # gone at 85 s: a staleness marker, not 5 minutes of the last value
+        assert e.instant("instance:waiting:max", 90 * S) == []
+    finally:
+        mem.close()
