@@ -200,25 +200,32 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
     except ImportError as e:
         missing.append(f"Stacks: frame classification is not available ({e}).")
         return []
-    rows = store.cursor().execute(
-        "SELECT ts, pid, role, kind, status, error, samples, folded FROM captures "
-        "WHERE incident_id = ? OR (incident_id IS NULL AND instance = ? AND ts >= ? AND ts <= ?) "
-        "ORDER BY ts, role, pid", [incident["id"], incident.get("instance"), *window]).fetchall()
+    cur = store.cursor()
+    cur.execute("SELECT * FROM captures WHERE incident_id = ? OR (incident_id IS NULL AND instance = ? "
+                "AND ts >= ? AND ts <= ?) ORDER BY ts, role, pid", [incident["id"], incident.get("instance"), *window])
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, r)) for r in cur.fetchall()]  # by name: the table gains columns over time
     if not rows:
         missing.append("Stacks: no py-spy capture was taken for this incident (py-spy missing, ptrace not "
                        "permitted, or rate-limited), so where the processes spent their time was not checked.")
         return []
     from vllm_sentinel.collectors.pyspy import parse_folded
     out = []
-    for ts, pid, role, kind, status, error, samples, folded in rows:
-        if not folded:
-            out.append(ProcessStacks(role=role, pid=pid, kind=kind, ts_ms=ts, samples=int(samples or 0),
-                                     status=status, error=error))
+    for r in rows:
+        base = {"role": r["role"], "pid": r["pid"], "kind": r["kind"], "ts_ms": r["ts"], "status": r["status"],
+                "error": r.get("error")}
+        if r.get("process_state") == "T":
+            base["error"] = "the process was stopped (state T) when captured" + (f"; {base['error']}"
+                                                                                if base["error"] else "")
+        if not r.get("folded"):
+            out.append(ProcessStacks(samples=int(r.get("samples") or 0), **base))
             continue
-        prof = summarize(parse_folded(folded), pid=pid, role=role, top=TOP_FRAMES)
+        # a record without --idle sampled only running threads: every sample is busy work
+        active = True if r.get("idle_included") is False else None
+        prof = summarize(parse_folded(r["folded"]), pid=r["pid"], role=r["role"], top=TOP_FRAMES, active=active)
         total = prof.samples or 1
         out.append(ProcessStacks(
-            role=role, pid=pid, kind=kind, ts_ms=ts, samples=prof.samples, status=status, error=error,
+            samples=prof.samples, **base,
             top_frames=[(f, n / total, LABELS.get(c, c)) for f, c, n in prof.top_frames],
             class_shares={LABELS.get(c, c): n / total for c, n in prof.class_samples.items()}))
     if all(p.status not in ("ok", "truncated") for p in out):
