@@ -384,3 +384,12 @@ def snapshot_history(store: Any, instance: str, start_ms: int, end_ms: int) -> l
         "SELECT ts, config, sources FROM config_snapshots WHERE instance = ? AND ts > ? AND ts <= ? ORDER BY ts",
         [instance, start_ms, end_ms]).fetchall()
     return ([first] if first else []) + [LiveConfig.from_json(instance, c, s, int(t)) for t, c, s in rows]
+
+
+def config_for(store: Any, at_ms: int) -> Any:
+    """incidents.py's `config_for` hook: instance -> the snapshot in force at `at_ms` ({} when none)."""
+    def lookup(instance: str | None) -> LiveConfig | dict:
+        if instance is None:
+            return {}
+        return load_snapshot_at(store, instance, at_ms) or {}
+    return lookup
