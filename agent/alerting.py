@@ -11,7 +11,6 @@ rules/alerting.go, rules/recording.go and rules/manager.go (Group.Eval).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
