@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from vllm_sentinel.agent.alerting import (FIRING, PENDING, Alert, AlertingRuleState, GroupEvaluator,
+from vllm_sentinel.agent.alerting import (FIRING, PENDING, AlertingRuleState, GroupEvaluator,
                                           label_key, store_sink, to_vector)
 from vllm_sentinel.agent.replay import needs_replay, replay_store
 from vllm_sentinel.agent.rulefile import Rule, RuleFile, RuleGroup
