@@ -17,7 +17,7 @@ from vllm_sentinel.reports.write import write_report
 
 T0 = 1_795_946_400_000  # 2026-11-29T10:00:00Z
 INSTANCE = "127.0.0.1:8000"
-RULES = parse_rule_text("""
+RULES_TEXT = """
 groups:
 - name: test
   rules:
@@ -41,7 +41,8 @@ groups:
       - param: --max-num-seqs
         suggest: "8"
         why: slots are full
-""", "test.yaml")
+"""
+RULES = parse_rule_text(RULES_TEXT, "test.yaml")
 
 
 def waiting(minute: float) -> float:
