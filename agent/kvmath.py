@@ -311,3 +311,72 @@ def fmt_bytes(n: float) -> str:
             v = n / size
             return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
     return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    """`vllm-sentinel plan`'s answer: per-token and per-request KV, and what a budget holds."""
+
+    shape: KvShape
+    cache_dtype: str
+    block_size: int
+    max_model_len: int
+    bytes_per_token: int
+    kv_budget_bytes: int | None = None
+    budget_note: str = ""
+
+    @property
+    def bytes_per_request(self) -> int:
+        """KV of one request at max_model_len, in whole blocks."""
+        return blocks_per_request(self.max_model_len, self.block_size, self.shape.sliding_window) \
+            * self.block_size * self.bytes_per_token
+
+    @property
+    def capacity(self) -> KvCapacity | None:
+        """Blocks and tokens the budget holds (None without a budget)."""
+        if self.kv_budget_bytes is None:
+            return None
+        return capacity_from_bytes(self.kv_budget_bytes, self.bytes_per_token, self.block_size)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (capacity fields None without a budget)."""
+        cap = self.capacity
+        conc = max_concurrency(cap.num_blocks, self.block_size, self.max_model_len, self.shape.sliding_window) if cap else None
+        return {
+            "architecture": {"model_type": self.shape.model_type, "num_layers": self.shape.num_layers,
+                             "num_kv_heads": self.shape.num_kv_heads, "head_dim": self.shape.head_dim,
+                             "model_dtype": self.shape.model_dtype, "mla": self.shape.is_mla,
+                             "sliding_window": self.shape.sliding_window},
+            "kv_cache_dtype": self.cache_dtype,
+            "block_size": self.block_size,
+            "max_model_len": self.max_model_len,
+            "bytes_per_token": self.bytes_per_token,
+            "bytes_per_block": self.bytes_per_token * self.block_size,
+            "bytes_per_request_at_max_model_len": self.bytes_per_request,
+            "kv_budget_bytes": self.kv_budget_bytes,
+            "kv_budget_note": self.budget_note,
+            "num_blocks": cap.num_blocks if cap else None,
+            "capacity_tokens": cap.tokens if cap else None,
+            "max_concurrency_at_max_model_len": round(conc, 2) if conc is not None else None,
+            "kv_cache_size_tokens": kv_cache_size_tokens(cap.num_blocks, self.block_size, self.max_model_len,
+                                                         self.shape.sliding_window) if cap else None,
+            "safe_max_num_seqs": safe_max_num_seqs(cap.num_blocks, self.block_size, self.max_model_len,
+                                                   self.shape.sliding_window) if cap else None,
+        }
+
+
+def make_plan(cfg: dict[str, Any], max_model_len: int | None = None, cache_dtype: str = "auto",
+              block_size: int = 16, kv_budget_bytes: int | None = None, budget_note: str = "",
+              tensor_parallel_size: int = 1) -> KvPlan:
+    """A KvPlan from a config.json dict; max_model_len defaults to the config's, as vLLM derives it.
+
+    Llama-2-7B, max_model_len 4096, 16 GiB budget, block 16 -> 0.5 MiB/token, 32768 tokens, 8 sequences.
+    """
+    shape = kv_shape_from_config(cfg)
+    mml = max_model_len or shape.max_position_embeddings
+    if not mml:
+        raise ModelConfigError("config.json has no max_position_embeddings (or another length key); pass --max-model-len")
+    if block_size <= 0:
+        raise ValueError("block size must be positive")
+    return KvPlan(shape, cache_dtype, block_size, int(mml), kv_bytes_per_token(shape, cache_dtype, tensor_parallel_size),
+                  kv_budget_bytes, budget_note)
