@@ -57,6 +57,8 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         retention: str = typer.Option("7d", help="keep this much history; older hours are dropped whole"),
         metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
         nvml: str = typer.Option("auto", help="GPU counters via NVML: auto (when nvidia-ml-py is installed), on, off"),
+        rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule file or folder (repeatable; default: the shipped pack)"),
+        eval_interval: str = typer.Option("5s", help="rule evaluation interval"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
@@ -71,13 +73,14 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
             targets=target, db=_db(db), interval_s=interval_s,
             scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
-            scrape_max_bytes=scrape_max_bytes)
+            scrape_max_bytes=scrape_max_bytes, rules=rules or None,
+            eval_interval_s=parse_duration_ms(eval_interval) / 1000)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None
     try:
         sidecar = build_sidecar(options)
-    except (StoreError, api.ApiError, ValueError, OSError) as e:
+    except (StoreError, api.ApiError, ValueError, OSError) as e:  # RuleFileError is a ValueError
         raise fail(str(e)) from None
     err.print(f"vllm-sentinel: watching {', '.join(options.targets)} every {interval_s:g}s -> {options.db} "
               f"(API {socket_path_for(options.db)}"
@@ -93,10 +96,14 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              until: Optional[str] = typer.Option(None, help="window end: RFC 3339 or Unix seconds (default: now)"),
              instance: Optional[str] = typer.Option(None, help="only this instance"),
              fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
+             rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule file or folder (repeatable; default: the shipped pack)"),
              db: Optional[Path] = DbOption) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     from vllm_sentinel.agent.client import diagnose_via_best_source
     from vllm_sentinel.agent.diagnose import NoDataInWindow
+    from vllm_sentinel.agent.incidents import window_evaluator
+    from vllm_sentinel.agent.rulefile import RuleFileError
+    from vllm_sentinel.agent.rulepack import load_pack
     from vllm_sentinel.agent.store import StoreError
     from vllm_sentinel.reports.console import render_diagnosis
 
@@ -104,7 +111,11 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
         raise fail(f"--format {fmt!r}: use table, markdown or json", Exit.USAGE)
     start, end = _window(since, until)
     try:
-        doc = diagnose_via_best_source(_db(db), start, end, instance)
+        pack = load_pack(rules)
+    except RuleFileError as e:
+        raise fail(str(e)) from None
+    try:
+        doc = diagnose_via_best_source(_db(db), start, end, instance, window_evaluator(pack), rules)
     except NoDataInWindow as e:
         raise fail(str(e)) from None
     except (StoreError, api.ApiError) as e:

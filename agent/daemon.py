@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_sentinel.agent.client import daemon_route_diagnose
+from vllm_sentinel.agent.incidents import Evaluator, window_evaluator
+from vllm_sentinel.agent.rulepack import load_pack
 from vllm_sentinel.agent.paths import socket_path_for
 from vllm_sentinel.agent.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store import Store
@@ -25,6 +27,8 @@ class DaemonOptions:
     metrics_port: int | None = 9464
     socket_path: Path | None = None
     nvml: str = "auto"  # auto: collect GPU counters when nvidia-ml-py is installed; on / off
+    rules: list[Path] | None = None  # rule files or folders; None: the shipped pack
+    eval_interval_s: float = 5.0
     extra_collectors: list = field(default_factory=list)
 
 
@@ -42,11 +46,14 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     for c in collectors:
         c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
     collectors += _gpu_collectors(options.nvml, names)
+    pack = load_pack(options.rules)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
     config = SidecarConfig(
-        interval_s=options.interval_s, retention_ms=options.retention_ms,
+        interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
-        extra_routes={"/v1/diagnose": daemon_route_diagnose()})
+        evaluate=Evaluator(pack),
+        extra_routes={"/v1/diagnose": daemon_route_diagnose(
+            window_evaluator(pack), load_rules=lambda paths: window_evaluator(load_pack(paths)))})
     return Sidecar(store, collectors + list(options.extra_collectors), config)
 
 

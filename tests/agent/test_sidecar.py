@@ -190,3 +190,36 @@ def test_diagnose_without_a_database_says_how_to_make_one(tmp_path):
 def test_bad_duration_is_a_usage_error(tmp_path):
     res = cli("diagnose", "--since", "an hour", "--db", str(tmp_path / "x.duckdb"))
     assert res.returncode == 2 and "not a duration" in res.stderr
+
+
+def test_a_wrong_rule_file_stops_the_daemon_at_start_naming_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups:\n- name: g\n  rules:\n  - alert: A\n    expr: up == 0\n    fore: 1m\n")
+    res = cli("run", "--target", "http://127.0.0.1:9", "--db", str(tmp_path / "s.duckdb"), "--rules", str(bad),
+              "--metrics-port", "0", "--duration", "1s")
+    assert res.returncode == 1
+    assert f"{bad}:6" in res.stderr and "fore" in res.stderr
+
+
+def test_diagnose_finds_an_incident_in_an_ingested_dump_with_the_operators_rules(tmp_path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "groups:\n- name: g\n  rules:\n  - alert: Preempting\n"
+        "    expr: sum by (instance) (rate(vllm:num_preemptions_total[1m])) > 0.1\n    for: 1m\n"
+        "    labels: {incident: kv_cache_pressure, severity: high}\n"
+        "    annotations: {summary: '{{ $labels.instance }} preempts'}\n")
+    t0 = 1_795_946_400  # seconds
+    lines = []
+    for i in range(600):  # 10 minutes at 1 s; preemptions from minute 3 to minute 7
+        n = 0 if i < 180 else min(i, 420) - 180
+        lines.append(f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {n} {(t0 + i) * 1000}')
+    dump = tmp_path / "dump.prom"
+    dump.write_text("\n".join(lines) + "\n")
+    db = tmp_path / "s.duckdb"
+    assert cli("ingest", str(dump), "--instance", "a:8000", "--db", str(db)).returncode == 0
+    res = cli("diagnose", "--since", "10m", "--until", str(t0 + 600), "--db", str(db), "--rules", str(rules),
+              "--format", "json")
+    assert res.returncode == 0, res.stderr
+    (inc,) = json.loads(res.stdout)["incidents"]
+    assert (inc["incident"], inc["instance"], inc["summary"]) == ("kv_cache_pressure", "a:8000", "a:8000 preempts")
+    assert inc["state"] == "resolved"
