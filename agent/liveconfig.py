@@ -393,3 +393,11 @@ def config_for(store: Any, at_ms: int) -> Any:
             return {}
         return load_snapshot_at(store, instance, at_ms) or {}
     return lookup
+
+
+def record_snapshot(store: Any, instance: str, now_ms: int, argv: list[str] | None = None,
+                    hardware: Hardware | None = None, model_dir: str | None = None) -> LiveConfig:
+    """The daemon's per-tick call: assemble the configuration now and store it when it changed."""
+    cfg = collect(store, instance, now_ms, argv, hardware, model_dir)
+    save_snapshot(store, cfg, now_ms)
+    return cfg

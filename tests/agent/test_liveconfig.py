@@ -185,3 +185,12 @@ def test_chunked_prefill_off_raises_batched_tokens_to_max_model_len():
     d = vllm_defaults.max_num_batched_tokens(Hardware("cpu"), 8192, enable_chunked_prefill=False)
     assert d.value == 8192 and "chunked prefill is off" in d.note
     assert vllm_defaults.max_num_batched_tokens(Hardware(None), 8192).value is None
+
+
+def test_record_snapshot_stores_what_collect_assembles_once(store):
+    argv = ["vllm", "serve", str(MODELS / "llama-3-8b"), "--max-num-seqs", "8"]
+    cfg = liveconfig.record_snapshot(store, INSTANCE, T0, argv)
+    again = liveconfig.record_snapshot(store, INSTANCE, T0 + 1000, argv)
+    assert cfg.values == again.values
+    assert store.cursor().execute("SELECT count(*) FROM config_snapshots").fetchone()[0] == 1
+    assert liveconfig.load_snapshot_at(store, INSTANCE, T0 + 5000).get("kv_bytes_per_token") == 131_072
