@@ -159,35 +159,62 @@ def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
     return snapshot_from_config(ts, config, sources)
 
 
-# where a value came from (liveconfig's `sources`) -> shown as a command-line flag or as a fact
-_FLAG_SOURCES = {"flag", "cli", "command_line", "argv", "default"}
+def _flag_names() -> dict[str, str]:
+    """LiveConfig name -> vLLM flag ('max_num_seqs' -> '--max-num-seqs'), from liveconfig's argv table."""
+    try:
+        from vllm_sentinel.agent.liveconfig import ARGV_FLAGS
+    except ImportError:
+        return {}
+    return {name: flag for flag, (name, _typ) in ARGV_FLAGS.items()}
+
+
+def _origin(source: str) -> str:
+    """A short origin for the config table: 'flag --max-num-seqs' -> 'command line'."""
+    if source.startswith("flag "):
+        return "command line"
+    if source.startswith("default"):
+        return "vLLM default"
+    if source.startswith("cache_config_info"):
+        return "engine (vllm:cache_config_info)"
+    if source.startswith("model config.json"):
+        return "model config.json"
+    if source.startswith("derived"):
+        return source  # the formula is the explanation: 'derived: num_gpu_blocks x block_size'
+    return source or "recorded"
 
 
 def snapshot_from_config(ts_ms: int | None, config: dict, sources: dict) -> ConfigSnapshot:
-    """A ConfigSnapshot from a stored config ({'max_num_seqs': 256, ...}) and where each value came from.
+    """A ConfigSnapshot from liveconfig's values and sources (LiveConfig.to_json), flags named as on the CLI.
 
-    snapshot_from_config(0, {'max_num_seqs': 2, 'num_gpu_blocks': 9}, {'max_num_seqs': 'flag',
-    'num_gpu_blocks': 'cache_config_info'}) -> flags {'--max-num-seqs': '2'}, extra {'num_gpu_blocks': '9'}
+    ({'max_num_seqs': 2, 'num_gpu_blocks': 9, 'block_size': None}, {'max_num_seqs': 'flag --max-num-seqs',
+      'num_gpu_blocks': 'cache_config_info', 'block_size': 'unknown: no cache info'}) ->
+    flags {'--max-num-seqs': '2'}, extra {'num_gpu_blocks': '9'}, unknown {'block_size': 'no cache info'}
     """
-    flags: dict[str, str] = {}
-    defaulted: set[str] = set()
-    extra: dict[str, str] = {}
-    model = config.get("model")
-    for key, value in sorted(config.items()):
-        if key == "model" or value is None or isinstance(value, (dict, list)):
+    to_flag = _flag_names()
+    snap = ConfigSnapshot(ts_ms=ts_ms, source="", model=config.get("model"))
+    used: set[str] = set()
+    for name, value in sorted(config.items()):
+        src = str(sources.get(name, ""))
+        if name in ("model", "served_model_name") or isinstance(value, (dict, list)):
             continue
-        src = str(sources.get(key, ""))
+        if value is None:
+            snap.unknown[name] = src.removeprefix("unknown: ") or "not recorded"
+            continue
+        used.add(src.split(" ")[0].split(":")[0].split("(")[0])
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        if src in _FLAG_SOURCES:
-            flag = "--" + key.replace("_", "-")
-            flags[flag] = text
-            if src == "default":
-                defaulted.add(flag)
+        flag = to_flag.get(name)
+        if flag is not None:
+            snap.flags[flag] = text
+            snap.origins[flag] = _origin(src)
+            if not src.startswith("flag "):
+                snap.defaulted.add(flag)  # not on the command line: left off the `vllm serve` line
         else:
-            extra[key] = text
-    used = sorted({str(v) for v in sources.values() if v})
-    return ConfigSnapshot(ts_ms=ts_ms, source=", ".join(used) or "live configuration", model=model,
-                          flags=flags, defaulted=defaulted, extra=extra)
+            snap.extra[name] = text
+            snap.origins[name] = _origin(src)
+    words = {"flag": "the vLLM command line", "cache_config_info": "vllm:cache_config_info",
+             "model": "the model's config.json", "default": "vLLM's defaults", "derived": "arithmetic on these"}
+    snap.source = ", ".join(words.get(u, u) for u in sorted(used) if u) or "the live configuration"
+    return snap
 
 
 def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[str]) -> list[ProcessStacks]:

@@ -47,6 +47,8 @@ class ConfigSnapshot:
     flags: dict[str, str] = field(default_factory=dict)  # "--max-num-seqs" -> "256", as passed or defaulted
     defaulted: set[str] = field(default_factory=set)  # flags not on the command line: vLLM's default
     extra: dict[str, str] = field(default_factory=dict)  # facts that are not flags (num_gpu_blocks, ...)
+    origins: dict[str, str] = field(default_factory=dict)  # flag or fact -> where it came from, for the table
+    unknown: dict[str, str] = field(default_factory=dict)  # names nobody could tell -> why
 
 
 @dataclass
@@ -90,7 +92,8 @@ class ReportData:
             config=None if cfg is None else ConfigSnapshot(
                 ts_ms=cfg.get("ts_ms"), source=cfg.get("source", ""), model=cfg.get("model"),
                 flags=dict(cfg.get("flags") or {}), defaulted=set(cfg.get("defaulted") or []),
-                extra=dict(cfg.get("extra") or {})),
+                extra=dict(cfg.get("extra") or {}), origins=dict(cfg.get("origins") or {}),
+                unknown=dict(cfg.get("unknown") or {})),
             fixes=list(d.get("fixes") or []),
             stacks=[ProcessStacks(**{**p, "top_frames": [(f, float(s), c) for f, s, c in p.get("top_frames") or []]})
                     for p in d.get("stacks") or []],
@@ -291,10 +294,14 @@ def _config(data: ReportData) -> list[str]:
     if cfg.flags or cfg.extra:
         out += ["| setting | value | origin |", "|---|---|---|"]
         for flag, value in sorted(cfg.flags.items()):
-            origin = "vLLM default" if flag in cfg.defaulted else "command line"
-            out.append(f"| `{_cell(flag)}` | {_cell(value)} | {origin} |")
+            origin = cfg.origins.get(flag) or ("vLLM default" if flag in cfg.defaulted else "command line")
+            out.append(f"| `{_cell(flag)}` | {_cell(value)} | {_cell(origin)} |")
         for key, value in sorted(cfg.extra.items()):
-            out.append(f"| {_cell(key)} | {_cell(value)} | measured |")
+            out.append(f"| {_cell(key)} | {_cell(value)} | {_cell(cfg.origins.get(key, 'measured'))} |")
+        out.append("")
+    if cfg.unknown:
+        out += ["Not known at the time (fixes that need these say so):", ""]
+        out += [f"- `{name}`: {why}" for name, why in sorted(cfg.unknown.items())]
         out.append("")
     return out
 
@@ -309,7 +316,10 @@ def serve_command(model: str, flags: dict[str, str], defaulted: set[str], touche
         if flag in defaulted and flag not in touched:
             continue  # a default nobody changes is noise on the line
         value = flags[flag]
-        parts += [flag] if value in ("", "true") and flag.startswith("--enable") else [flag, shlex.quote(value)]
+        if value in ("true", "false"):  # vLLM's switches are BooleanOptionalAction: --flag / --no-flag
+            parts.append(flag if value == "true" else "--no-" + flag[2:])
+        else:
+            parts += [flag, shlex.quote(value)]
     return " ".join(parts)
 
 

@@ -124,17 +124,23 @@ def test_a_unique_id_prefix_is_enough_and_unknown_ids_say_how_to_find_one(store)
 
 
 def test_config_snapshot_in_force_at_the_start_is_used(store) -> None:
-    cur = store.cursor()
-    for ts, seqs in ((T0, 2), (T0 + 19 * 60_000, 64)):  # the later one must not be shown
-        cur.execute("INSERT INTO config_snapshots VALUES (?, ?, ?, ?)", [
-            ts, INSTANCE, json.dumps({"model": "/m", "max_num_seqs": seqs, "block_size": 128, "num_gpu_blocks": 9}),
-            json.dumps({"model": "flag", "max_num_seqs": "flag", "block_size": "default",
-                        "num_gpu_blocks": "cache_config_info"})])
+    from vllm_sentinel.agent import liveconfig
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-model-len", "512"]
+    for ts, seqs in ((T0, "2"), (T0 + 19 * 60_000, "64")):  # the later one must not be shown
+        cfg = liveconfig.assemble(INSTANCE, argv=[*argv, "--max-num-seqs", seqs], ts_ms=ts)
+        assert liveconfig.save_snapshot(store, cfg, ts)
     data = assemble(store, _our_incident(store), now_ms=T0 + 20 * 60_000, rules=[RULES])
-    cfg = data.config
-    assert cfg.ts_ms == T0 and cfg.model == "/m"
-    assert cfg.flags == {"--max-num-seqs": "2", "--block-size": "128"} and cfg.defaulted == {"--block-size"}
-    assert cfg.extra == {"num_gpu_blocks": "9"}
+    snap = data.config
+    assert snap.ts_ms == T0 and snap.model == "/m"
+    assert snap.flags["--max-num-seqs"] == "2" and snap.origins["--max-num-seqs"] == "command line"
+    assert "--max-num-seqs" not in snap.defaulted
+    assert snap.flags["--scheduling-policy"] == "fcfs" and "--scheduling-policy" in snap.defaulted
+    assert snap.origins["--scheduling-policy"] == "vLLM default"
+    assert "block_size" in snap.unknown  # no cache_config_info: said, not guessed
+    text = write_report(data, store_dir := Path(store.path).parent / "out").markdown.read_text()
+    assert "- vllm serve /m --max-model-len 512 --max-num-seqs 2\n+ vllm serve /m --max-model-len 512 " \
+           "--max-num-seqs 8\n" in text
+    assert "| `--max-num-seqs` | 2 | command line |" in text and store_dir.exists()
 
 
 def test_captures_linked_to_the_incident_are_summarised(store) -> None:
