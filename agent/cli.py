@@ -187,16 +187,17 @@ def demo(seconds: int = typer.Option(60, help="how long the sidecar watches the 
     render_diagnosis(out, doc, "table")
 
 
-def _mount_optional_groups() -> None:
-    # command groups owned by their own modules (thin typer sub-apps)
-    try:
-        from vllm_sentinel.agent.cli_rules import app as rules_app
-    except ImportError:
-        return
-    app.add_typer(rules_app, name="rules")
+def _mount_command_modules() -> None:
+    # commands owned by modules of their own (thin typer apps), mounted here
+    from vllm_sentinel.agent import cli_plan, cli_report, cli_rules
+
+    app.add_typer(cli_rules.app, name="rules")
+    for module in (cli_plan, cli_report):
+        for command in module.app.registered_commands:
+            app.registered_commands.append(command)
 
 
-_mount_optional_groups()
+_mount_command_modules()
 
 
 def main() -> None:
