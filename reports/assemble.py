@@ -213,7 +213,9 @@ def snapshot_from_config(ts_ms: int | None, config: dict, sources: dict) -> Conf
             snap.origins[name] = _origin(src)
     words = {"flag": "the vLLM command line", "cache_config_info": "vllm:cache_config_info",
              "model": "the model's config.json", "default": "vLLM's defaults", "derived": "arithmetic on these"}
-    snap.source = ", ".join(words.get(u, u) for u in sorted(used) if u) or "the live configuration"
+    order = list(words)  # most direct evidence first
+    ranked = sorted((u for u in used if u), key=lambda u: (order.index(u) if u in order else len(order), u))
+    snap.source = ", ".join(words.get(u, u) for u in ranked) or "the live configuration"
     return snap
 
 

@@ -300,8 +300,11 @@ def _config(data: ReportData) -> list[str]:
             out.append(f"| {_cell(key)} | {_cell(value)} | {_cell(cfg.origins.get(key, 'measured'))} |")
         out.append("")
     if cfg.unknown:
+        by_reason: dict[str, list[str]] = {}
+        for name, why in sorted(cfg.unknown.items()):
+            by_reason.setdefault(why, []).append(f"`{name}`")
         out += ["Not known at the time (fixes that need these say so):", ""]
-        out += [f"- `{name}`: {why}" for name, why in sorted(cfg.unknown.items())]
+        out += [f"- {', '.join(names)}: {why}" for why, names in sorted(by_reason.items(), key=lambda kv: kv[1])]
         out.append("")
     return out
 
@@ -328,9 +331,17 @@ def is_flag_value(value: object) -> bool:
     return value is not None and str(value) != "" and not any(c.isspace() for c in str(value))
 
 
+def with_current_values(fixes: list[dict], cfg: ConfigSnapshot | None) -> list[dict]:
+    """Fixes whose `current` is unknown take it from the configuration snapshot, when that has the flag."""
+    if cfg is None:
+        return fixes
+    return [{**f, "current": cfg.flags[f["param"]]} if f.get("current") is None and f.get("param") in cfg.flags
+            else f for f in fixes]
+
+
 def _fixes(data: ReportData) -> list[str]:
     out = ["## Suggested fix", ""]
-    fixes = data.fixes
+    fixes = with_current_values(data.fixes, data.config)
     if not fixes:
         return out + ["The rule suggests no parameter change for this incident.", ""]
     for i, fix in enumerate(fixes, 1):

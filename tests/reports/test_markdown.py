@@ -122,3 +122,20 @@ def test_config_table_marks_defaults() -> None:
                                          defaulted={"--block-size"}))
     text = render_markdown(data)
     assert "| `--block-size` | 128 | vLLM default |" in text and "| `--max-num-seqs` | 2 | command line |" in text
+
+
+def test_a_fix_without_current_value_takes_it_from_the_snapshot() -> None:
+    data = load_fixture("queue_blocking")
+    data.fixes = [{**data.fixes[0], "current": None}]
+    text = render_markdown(data)
+    assert "**`--max-num-seqs` 2 → 8**" in text and "- vllm serve /home/op/.cache/vllm-sentinel/tiny-llama " \
+        "--max-model-len 512 --max-num-seqs 2\n" in text
+
+
+def test_unknown_config_values_are_grouped_by_reason() -> None:
+    data = load_fixture("queue_blocking")
+    data.config.unknown = {"num_layers": "model config.json not given", "head_dim": "model config.json not given",
+                           "platform": "platform not known"}
+    text = render_markdown(data)
+    assert "- `head_dim`, `num_layers`: model config.json not given\n" in text
+    assert "- `platform`: platform not known\n" in text
