@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError
 from vllm_sentinel.agent.store import Store
@@ -50,6 +50,21 @@ SIGNALS: dict[str, tuple[str, str]] = {
 }
 
 
+# signals drawn as sparklines over the window: name -> PromQL with {s} = step in seconds
+TRENDS: dict[str, str] = {
+    "request_rate_per_s": "sum by (instance) (rate(vllm:request_success_total[{s}s]))",
+    "generation_tokens_per_s": "sum by (instance) (rate(vllm:generation_tokens_total[{s}s]))",
+    "ttft_p95_seconds": "histogram_quantile(0.95, sum by (instance, le) "
+                        "(rate(vllm:time_to_first_token_seconds_bucket[{s}s])))",
+    "queue_time_p95_seconds": "histogram_quantile(0.95, sum by (instance, le) "
+                              "(rate(vllm:request_queue_time_seconds_bucket[{s}s])))",
+    "kv_cache_usage_peak": "max by (instance) (max_over_time(vllm:kv_cache_usage_perc[{s}s]))",
+    "preemptions_per_s": "sum by (instance) (rate(vllm:num_preemptions_total[{s}s]))",
+    "gpu_util_percent": "avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{s}s]))",
+}
+TREND_POINTS = 40
+
+
 @dataclass
 class InstanceSummary:
     """What happened on one instance in the window."""
@@ -58,12 +73,17 @@ class InstanceSummary:
     series: int
     signals: dict[str, float | None]
     last_error: str | None = None
+    trends: dict[str, list[float | None]] = field(default_factory=dict)  # TREND_POINTS values each
 
     def as_dict(self) -> dict:
         """JSON-ready form (NaN becomes null)."""
         return {"instance": self.instance, "series": self.series, "last_error": self.last_error,
-                "signals": {k: (None if v is None or math.isnan(v) or math.isinf(v) else round(v, 6))
-                            for k, v in self.signals.items()}}
+                "signals": {k: _finite(v) for k, v in self.signals.items()},
+                "trends": {k: [_finite(v) for v in vs] for k, vs in self.trends.items()}}
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) or math.isinf(v) else round(v, 6)
 
 
 def instances(store: Store, start_ms: int, end_ms: int) -> list[str]:
@@ -94,8 +114,29 @@ def summarize(store: Store, start_ms: int, end_ms: int, instance: str | None = N
     counts = dict(store.con.execute(
         "SELECT instance, count(*) FROM series GROUP BY 1").fetchall())
     errors = _last_errors(store, start_ms, end_ms)
-    return [InstanceSummary(n, counts.get(n, 0), {k: per[n].get(k) for k in SIGNALS}, errors.get(n))
+    trends = _trends(engine, start_ms, end_ms, names)
+    return [InstanceSummary(n, counts.get(n, 0), {k: per[n].get(k) for k in SIGNALS}, errors.get(n), trends[n])
             for n in names]
+
+
+def _trends(engine: Engine, start_ms: int, end_ms: int, names: list[str]) -> dict[str, dict[str, list]]:
+    """TREND_POINTS values per signal and instance, each over its own step (None where no data)."""
+    step_ms = max(1000, (end_ms - start_ms) // TREND_POINTS)
+    # a rate needs at least two scrapes inside its window; 1 s scrapes make 15 s the smallest useful one
+    step_s = max(15, step_ms // 1000)
+    times = [end_ms - (TREND_POINTS - 1 - i) * step_ms for i in range(TREND_POINTS)]
+    out: dict[str, dict[str, list]] = {n: {} for n in names}
+    for key, expr in TRENDS.items():
+        try:
+            result = engine.range(expr.format(s=step_s), times[0], times[-1], step_ms)
+        except PromQLError:
+            continue
+        for series in result:
+            inst = series.labels.get("instance")
+            if inst in out:
+                at = dict(series.points)
+                out[inst][key] = [at.get(t) for t in times]
+    return out
 
 
 def _last_errors(store: Store, start_ms: int, end_ms: int) -> dict[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from vllm_sentinel.reports.sparkline import sparkline
+
 SEVERITY_STYLE = {"critical": "bold red", "high": "red", "warning": "yellow", "info": "cyan"}
 
 # summary columns shown in the table: (signal, header, format)
@@ -60,6 +62,18 @@ def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:
             t.add_row(s["instance"], health, *[fmt_value(sig.get(k), f) for k, _h, f in SUMMARY_COLUMNS])
         console.print(t)
         for s in summary:
+            trends = s.get("trends") or {}
+            if any(v is not None for vs in trends.values() for v in vs):
+                t = Table(title=f"{s['instance']} over the window", title_justify="left", show_header=True)
+                t.add_column("signal")
+                t.add_column("trend")
+                t.add_column("peak", justify="right")
+                for key, values in trends.items():
+                    present = [v for v in values if v is not None]
+                    if not present:
+                        continue
+                    t.add_row(key, sparkline(values), f"{max(present):.3g}")
+                console.print(t)
             if s.get("last_error"):
                 console.print(f"[yellow]{s['instance']}[/]: last scrape error: {s['last_error']}", highlight=False)
 
