@@ -185,9 +185,10 @@ class Engine:
         self.store = store
         self.lookback_ms = int(lookback_ms)
         self._catalog = _Catalog()
-        # tests only: a random.Random that shuffles the input order of aggregations, to find results that
-        # depend on series order (Prometheus' own order is its map iteration order, i.e. random)
-        self._shuffle = None
+        # tests only: when True, aggregations note in `_order_sensitive` whether their answer depends on the
+        # order series arrive in (Prometheus' own order is Go map iteration order, i.e. random)
+        self._check_order = False
+        self._order_sensitive = False
 
     # -- public API ---------------------------------------------------------------------------
     def instant(self, expr: str, t_ms: int) -> list[Sample] | float | list[Series]:
@@ -350,16 +351,14 @@ class Engine:
         vec = self._eval(node.expr, ctx)
         if not isinstance(vec, _Vec):
             raise PromQLError(f"expected an instant vector in aggregation {op}")
-        if self._shuffle is not None and len(vec.keys) > 1:
-            perm = list(range(len(vec.keys)))
-            self._shuffle.shuffle(perm)
-            vec = _Vec([vec.keys[i] for i in perm], vec.v[perm], vec.ok[perm])
         param = self._eval(node.param, ctx) if node.param is not None else None
         without = False
         grouping: list[str] = []
         if node.modifier is not None:
             without = node.modifier.type == pp.AggModifierType.Without
             grouping = list(node.modifier.labels)
+        if self._check_order and _order_sensitive(op, vec, grouping, without, param, ctx.grid.n):
+            self._order_sensitive = True
         return _aggregate(op, vec, param, grouping, without, ctx.grid.n)
 
     # -- functions ----------------------------------------------------------------------------
@@ -774,6 +773,34 @@ def _vector_binop(op: str, lhs: _Vec, rhs: _Vec, card, on: bool, names: list[str
     return _dedupe(_Vec(keys, np.array(vs), ok_arr), whole_series=False)
 
 
+def _order_sensitive(op: str, vec: _Vec, grouping: list[str], without: bool, param, n: int) -> bool:
+    """True when some input order of the series would change this aggregation's answer (tests only)."""
+    import itertools
+
+    groups: dict[Labels, list[int]] = {}
+    for i, k in enumerate(vec.keys):
+        groups.setdefault(_group_key(k, grouping, without), []).append(i)
+    for rows in groups.values():
+        if op in ("topk", "bottomk"):
+            for t in range(n):
+                vals = vec.v[rows, t][vec.ok[rows, t]]
+                if len(vals) != len(np.unique(vals)):
+                    return True  # a tie: which series is kept depends on order
+            continue
+        if op not in ("sum", "avg", "stddev", "stdvar") or len(rows) < 2:
+            continue
+        if len(rows) > 6:
+            return True
+        sub = _Vec([vec.keys[i] for i in rows], vec.v[rows], vec.ok[rows])
+        want = _aggregate(op, sub, param, [], False, n)
+        for perm in itertools.permutations(range(len(rows))):
+            other = _aggregate(op, _Vec([sub.keys[i] for i in perm], sub.v[list(perm)], sub.ok[list(perm)]),
+                               param, [], False, n)
+            if not np.array_equal(want.v[want.ok], other.v[other.ok], equal_nan=True):
+                return True
+    return False
+
+
 def _group_key(key: Labels, grouping: list[str], without: bool) -> Labels:
     if without:
         drop = set(grouping) | {"__name__"}
@@ -907,9 +934,8 @@ def _histogram_quantile(q: np.ndarray, vec: _Vec) -> _Vec:
             patterns.setdefault(P[:, t].tobytes(), []).append(int(t))
         for pat, steps in patterns.items():
             mask = np.frombuffer(pat, dtype=bool)
-            b = bounds[mask]
-            for t in steps:
-                out[t] = fn.bucket_quantile(float(q[t]), b, V[mask, t])
+            cols = np.asarray(steps)
+            out[cols] = fn.bucket_quantile_steps(q[cols], bounds[mask], V[mask][:, cols])
         keys.append(tuple(kv for kv in sig if kv[0] != "__name__"))
         vs.append(out)
         oks.append(present)

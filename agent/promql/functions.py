@@ -215,3 +215,46 @@ def sequential_over_time(name: str, vals: np.ndarray, counts: np.ndarray) -> np.
             return np.where(np.isinf(mean), mean, mean + c)
         var = (aux + c_aux) / count
         return np.sqrt(var) if name == "stddev_over_time" else var
+
+
+def bucket_quantile_steps(q: np.ndarray, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """bucket_quantile for many steps at once: counts is (buckets x steps), q one value per step.
+
+    Same operations in the same order as bucket_quantile (and Prometheus), vectorised over steps.
+    """
+    steps = counts.shape[1]
+    out = np.full(steps, np.nan)
+    order = np.argsort(bounds, kind="stable")
+    bounds, counts = bounds[order], counts[order]
+    if math.isinf(bounds[-1]) and bounds[-1] > 0:
+        # coalesce equal bounds, then ensure monotonic counts the way Go compares (NaN never moves)
+        ub, starts = np.unique(bounds, return_index=True)
+        c = np.add.reduceat(counts, starts, axis=0) if len(ub) < len(bounds) else counts.copy()
+        top = c[0].copy()
+        for i in range(1, len(ub)):
+            gt, lt = c[i] > top, c[i] < top
+            top = np.where(gt, c[i], top)
+            c[i] = np.where(lt, top, c[i])
+        if len(ub) >= 2:
+            with np.errstate(all="ignore"):
+                obs = c[-1]
+                rank = q * obs
+                ge = c[:-1] >= rank
+                b = np.where(ge.any(axis=0), ge.argmax(axis=0), len(ub) - 1)
+                cols = np.arange(steps)
+                prev = np.clip(b - 1, 0, None)
+                has_prev = b > 0
+                start = np.where(has_prev, ub[prev], 0.0)
+                bi = np.clip(b, 0, len(ub) - 1)
+                end = ub[bi]
+                count = np.where(has_prev, c[bi, cols] - c[prev, cols], c[bi, cols])
+                rank2 = np.where(has_prev, rank - c[prev, cols], rank)
+                res = start + (end - start) * (rank2 / count)
+                res = np.where((b == 0) & (ub[0] <= 0), ub[0], res)
+                res = np.where(b == len(ub) - 1, ub[-2], res)
+                res = np.where(obs == 0, np.nan, res)
+                out = res
+    with np.errstate(invalid="ignore"):
+        out = np.where(q > 1, np.inf, out)
+        out = np.where(q < 0, -np.inf, out)
+    return np.where(np.isnan(q), np.nan, out)

@@ -170,3 +170,21 @@ def test_duplicate_labelsets_after_dropping_the_name_are_an_error():
     e = _engine({'a{i="1"}': "1x5", 'b{i="1"}': "2x5"})
     with pytest.raises(PromQLError, match="same labelset"):
         e.instant('rate({__name__=~"a|b"}[1m])', 60_000)
+
+
+def test_vectorised_bucket_quantile_equals_the_scalar_one():
+    import random
+
+    import numpy as np
+
+    from vllm_sentinel.agent.promql import functions as fn
+
+    rng = random.Random(1)
+    for _ in range(500):
+        bounds = np.array([rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0, 5.0, math.inf]) for _ in range(rng.randint(1, 6))])
+        counts = np.array([[float(rng.randint(0, 6)) for _ in range(4)] for _ in bounds])
+        q = np.array([rng.choice([0.0, 0.25, 0.5, 0.9, 1.0, -0.1, 1.1, math.nan]) for _ in range(4)])
+        vec = fn.bucket_quantile_steps(q, bounds, counts)
+        for t in range(4):
+            one = fn.bucket_quantile(float(q[t]), bounds, counts[:, t])
+            assert one == vec[t] or (math.isnan(one) and math.isnan(vec[t]))
