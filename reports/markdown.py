@@ -217,7 +217,7 @@ def _timeline(data: ReportData) -> list[str]:
     else:
         rows.append(("resolved", f"not yet (still firing when this report was written, {utc(data.generated_ms)})"))
         rows.append(("duration", f"{duration(data.generated_ms - start)} so far"))
-    out = ["## Timeline", "", "| | |", "|---|---|"]
+    out = ["## Timeline", "", "| event | when |", "|---|---|"]
     out += [f"| {k} | {_cell(v)} |" for k, v in rows]
     return out + [""]
 

@@ -139,3 +139,15 @@ def test_unknown_config_values_are_grouped_by_reason() -> None:
     text = render_markdown(data)
     assert "- `head_dim`, `num_layers`: model config.json not given\n" in text
     assert "- `platform`: platform not known\n" in text
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_report_parses_as_markdown_with_every_table_and_image_intact(name: str) -> None:
+    from markdown_it import MarkdownIt  # CommonMark + GFM tables, as a GitHub preview renders them
+    data = load_fixture(name)
+    text, charts = prepare(data)
+    html = MarkdownIt("commonmark").enable("table").render(text)
+    separators = sum(1 for ln in text.splitlines() if ln.startswith("|---") or ln.startswith("|--:"))
+    assert html.count("<table>") == separators
+    assert html.count("<img ") == len(charts)
+    assert html.count("<h2>") == 8
