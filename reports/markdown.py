@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from vllm_sentinel.reports.charts import chart_filename
-from vllm_sentinel.reports.sparkline import sparkline
+from vllm_sentinel.reports.sparkline import time_sparkline
 
 Point = tuple[int, float | None]
 LabeledSeries = tuple[dict[str, str], Sequence[Point]]
@@ -248,27 +248,18 @@ def _evidence(data: ReportData) -> list[str]:
 
 def evidence_sparkline(series: Sequence[LabeledSeries], window: tuple[int, int], threshold: float | None,
                        width: int = SPARK_WIDTH) -> str:
-    """One line over the window, the max across label sets at each time; gaps stay blank.
+    """One line over the window, the max across label sets in each time bucket; gaps stay blank.
 
     The scale starts at 0 for non-negative signals and reaches the threshold, so a signal far below its
     threshold reads low instead of being stretched to full height.
     """
-    by_t: dict[int, float | None] = {}
-    for _, pts in series:
-        for t, v in pts:
-            if not window[0] <= t <= window[1]:
-                continue
-            if v is None or math.isnan(v):
-                by_t.setdefault(t, None)
-            else:
-                prev = by_t.get(t)
-                by_t[t] = v if prev is None else max(v, prev)
-    good = [v for v in by_t.values() if v is not None]
+    points = [(t, v) for _, pts in series for t, v in pts]
+    good = [v for t, v in points if v is not None and not math.isnan(v) and window[0] <= t <= window[1]]
     if not good:
         return ""
     lo = min(0.0, min(good))
     hi = max(good) if threshold is None else max(max(good), threshold)
-    return sparkline([by_t[t] for t in sorted(by_t)], width=width, lo=lo, hi=hi)
+    return time_sparkline(points, window[0], window[1], width=width, lo=lo, hi=hi)
 
 
 def _charts(data: ReportData) -> list[str]:

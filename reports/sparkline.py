@@ -61,3 +61,34 @@ def sparkline(values: Sequence[float | None], width: int | None = None,
             frac = min(1.0, max(0.0, (v - lo) / span))
             out.append(BARS[min(len(BARS) - 1, int(round(frac * (len(BARS) - 1))))])
     return "".join(out)
+
+
+def bucket_by_time(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int,
+                   width: int) -> list[float | None]:
+    """Points (t_ms, value) into `width` equal time buckets over [start_ms, end_ms], max per bucket.
+
+    A bucket no point falls in stays None, so a scrape gap shows as a gap even when the series
+    simply has no points there (a range query leaves absent steps out).
+
+    bucket_by_time([(0, 1.0), (10, 3.0), (90, 2.0)], 0, 100, 4) -> [3.0, None, None, 2.0]
+    """
+    if width <= 0:
+        raise ValueError(f"sparkline width must be positive, got {width}")
+    span = max(1, end_ms - start_ms)
+    out: list[float | None] = [None] * width
+    for t, v in points:
+        if not start_ms <= t <= end_ms or not _usable(v):
+            continue
+        i = min(width - 1, (t - start_ms) * width // span)
+        out[i] = v if out[i] is None else max(out[i], v)
+    return out
+
+
+def time_sparkline(points: Sequence[tuple[int, float | None]], start_ms: int, end_ms: int, width: int = 24,
+                   lo: float | None = None, hi: float | None = None) -> str:
+    """A sparkline of timestamped points over a time window (for the diagnose table and reports).
+
+    >>> time_sparkline([(0, 0.0), (25, 1.0), (50, None), (75, 4.0)], 0, 100, width=4)
+    '▁▃ █'
+    """
+    return sparkline(bucket_by_time(points, start_ms, end_ms, width), lo=lo, hi=hi)

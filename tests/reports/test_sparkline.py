@@ -52,3 +52,16 @@ def test_resample_bucket_of_only_gaps_stays_a_gap() -> None:
 def test_width_must_be_positive() -> None:
     with pytest.raises(ValueError, match="width"):
         sparkline([1, 2], width=0)
+
+
+def test_time_buckets_show_absent_points_as_gaps() -> None:
+    # a range query leaves out steps with no sample: the time axis, not the point count, places the bars
+    from vllm_sentinel.reports.sparkline import bucket_by_time, time_sparkline
+    points = [(t, 1.0) for t in range(0, 40)] + [(t, 2.0) for t in range(60, 100)]
+    assert bucket_by_time(points, 0, 100, 5)[2] is None
+    assert time_sparkline(points, 0, 100, width=5, lo=0, hi=2)[2] == " "
+
+
+def test_points_outside_the_window_are_ignored() -> None:
+    from vllm_sentinel.reports.sparkline import bucket_by_time
+    assert bucket_by_time([(-5, 9.0), (5, 1.0), (200, 9.0)], 0, 100, 2) == [1.0, None]
