@@ -101,9 +101,8 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     from vllm_sentinel.agent.client import diagnose_via_best_source
     from vllm_sentinel.agent.diagnose import NoDataInWindow
-    from vllm_sentinel.agent.incidents import window_evaluator
     from vllm_sentinel.agent.rulefile import RuleFileError
-    from vllm_sentinel.agent.rulepack import load_pack
+    from vllm_sentinel.agent.rulepack import load_pack, pack_window_evaluator
     from vllm_sentinel.agent.store import StoreError
     from vllm_sentinel.reports.console import render_diagnosis
 
@@ -115,7 +114,7 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     except RuleFileError as e:
         raise fail(str(e)) from None
     try:
-        doc = diagnose_via_best_source(_db(db), start, end, instance, window_evaluator(pack), rules)
+        doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules)
     except NoDataInWindow as e:
         raise fail(str(e)) from None
     except (StoreError, api.ApiError) as e:

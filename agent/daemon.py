@@ -6,12 +6,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_sentinel.agent.client import daemon_route_diagnose
-from vllm_sentinel.agent.incidents import Evaluator, window_evaluator
-from vllm_sentinel.agent.rulepack import load_pack
+from vllm_sentinel.agent import liveconfig
+from vllm_sentinel.agent.incidents import Evaluator
+from vllm_sentinel.agent.rulepack import load_pack, pack_window_evaluator
 from vllm_sentinel.agent.paths import socket_path_for
 from vllm_sentinel.agent.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store import Store
+from vllm_sentinel.collectors.base import now_ms
+from vllm_sentinel.collectors.process import ProcessCollector
 from vllm_sentinel.collectors.vllm import VllmCollector
+
+PROCESS_INTERVAL_S = 5.0  # process discovery scans /proc: every few seconds is plenty
+CONFIG_INTERVAL_S = 30.0
 
 
 @dataclass
@@ -45,16 +51,31 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError(f"the same target is given twice: {names}")
     for c in collectors:
         c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
-    collectors += _gpu_collectors(options.nvml, names)
+    processes = [ProcessCollector(t, instance=c.instance) for t, c in zip(options.targets, collectors)]
+    for p in processes:
+        p.name = f"process {p.instance}"
+        p.interval_s = PROCESS_INTERVAL_S
+    gpus = _gpu_collectors(options.nvml, names)
     pack = load_pack(options.rules)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
-        evaluate=Evaluator(pack),
+        evaluate=Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {}),
+        writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/diagnose": daemon_route_diagnose(
-            window_evaluator(pack), load_rules=lambda paths: window_evaluator(load_pack(paths)))})
-    return Sidecar(store, collectors + list(options.extra_collectors), config)
+            pack_window_evaluator(pack), load_rules=lambda paths: pack_window_evaluator(load_pack(paths)))})
+    return Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+
+
+def _snapshotter(processes: list[ProcessCollector]):
+    """Record each instance's live configuration (cache_config_info + argv + config.json) when it changes."""
+    # the platform (for vLLM's defaults) is inferred from cache_config_info by liveconfig
+    def snapshot(store: Store, now: int) -> None:
+        for p in processes:
+            api_server = next((x for x in p.processes if x.role == "api_server"), None)
+            liveconfig.record_snapshot(store, p.instance, now, argv=api_server.argv if api_server else None)
+    return snapshot
 
 
 def _gpu_collectors(mode: str, instances: list[str]) -> list:

@@ -16,3 +16,14 @@ def packaged_rules_dir() -> Path:
 def load_pack(paths: list[Path] | None = None) -> list[RuleFile]:
     """Rule files from `paths` (files or folders), else the shipped pack; RuleFileError names file:line."""
     return load_rule_files(list(paths) if paths else [packaged_rules_dir()])
+
+
+def pack_window_evaluator(pack: list[RuleFile]):
+    """diagnose's evaluator: the window replay, fixes computed from the configuration in force at its end."""
+    from vllm_sentinel.agent import liveconfig
+    from vllm_sentinel.agent.incidents import evaluate_window
+
+    def evaluate(store, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
+        return evaluate_window(store, start_ms, end_ms, instance, pack,
+                               config_for=liveconfig.config_for(store, end_ms))
+    return evaluate

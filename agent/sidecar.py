@@ -43,6 +43,9 @@ class SidecarConfig:
     queue_max_batches: int = 10_000  # bounded memory when the disk stalls
     # hooks the CLI wires in (rules evaluation, extra API routes); the daemon knows nothing of rules
     evaluate: Callable[[Store, int], dict] | None = None
+    # other periodic work that writes (config snapshots, ...): (every seconds, name, fn(store, now_ms));
+    # it runs on the writer thread, the only thread that writes
+    writer_tasks: list[tuple[float, str, Callable[[Store, int], object]]] = field(default_factory=list)
     extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
 
 
@@ -72,10 +75,11 @@ class Sidecar:
     def start(self) -> None:
         """Start the writer, the schedule, the API socket and the own /metrics server."""
         self._writer.start()
-        jitter = min(self.config.interval_s * 0.1, 1.0)
         for c in self.collectors:
-            self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=self.config.interval_s,
-                                    jitter=jitter, id=c.name, name=c.name, next_run_time=_soon())
+            # a collector may ask for a slower cadence than the scrape interval (process discovery)
+            every = max(self.config.interval_s, getattr(c, "interval_s", 0) or 0)
+            self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
+                                    jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
         self._scheduler.start()
         if self.config.socket_path:
             routes = {"/v1/health": self._health, "/v1/status": lambda _p: self.status()}
@@ -145,6 +149,7 @@ class Sidecar:
     def _write_loop(self) -> None:
         next_eval = time.monotonic() + self.config.eval_interval_s
         next_maint = time.monotonic()
+        next_task = [time.monotonic() + every for every, _n, _f in self.config.writer_tasks]
         while True:
             try:
                 first = self._queue.get(timeout=0.2)
@@ -167,6 +172,10 @@ class Sidecar:
             if t >= next_maint:
                 next_maint = t + self.config.maintenance_interval_s
                 self._guard("maintenance", self._maintain)
+            for i, (every, name, fn) in enumerate(self.config.writer_tasks):
+                if t >= next_task[i]:
+                    next_task[i] = t + every
+                    self._guard(name, lambda fn=fn: fn(self.store, now_ms()))
 
     def _commit(self, batches: list[Batch]) -> None:
         t0 = time.monotonic()
