@@ -62,3 +62,10 @@ def write_report(data: ReportData, out_dir: str | Path) -> WrittenReport:
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(md)
     return WrittenReport(directory=directory, markdown=md, charts=pngs)
+
+
+def report_for_incident(store: object, incident_id: str, out_dir: str | Path, *, now_ms: int,
+                        rules: list | None = None) -> WrittenReport:
+    """Assemble and write the report of one incident (what the sidecar calls when one fires or resolves)."""
+    from vllm_sentinel.reports.assemble import assemble
+    return write_report(assemble(store, incident_id, now_ms=now_ms, rules=rules), out_dir)

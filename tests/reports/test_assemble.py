@@ -13,7 +13,7 @@ from vllm_sentinel.agent.rulefile import parse_rule_text
 from vllm_sentinel.agent.store import Store
 from vllm_sentinel.collectors.base import Batch
 from vllm_sentinel.reports.assemble import IncidentNotFound, assemble, chart_window, step_for
-from vllm_sentinel.reports.write import write_report
+from vllm_sentinel.reports.write import report_for_incident, write_report
 
 T0 = 1_795_946_400_000  # 2026-11-29T10:00:00Z
 INSTANCE = "127.0.0.1:8000"
@@ -177,3 +177,12 @@ def test_window_and_step() -> None:
     assert chart_window(600_000, None, 700_000) == (300_000, 700_000)  # firing: up to now
     assert chart_window(600_000, 660_000, 700_000) == (300_000, 700_000)  # never past now
     assert step_for((0, 20 * 60_000)) == 5_000 and step_for((0, 60_000)) == 1_000
+
+
+def test_report_for_incident_rewrites_the_same_folder(store, tmp_path) -> None:
+    # the sidecar writes once when an incident fires and again when it resolves: same place, newer text
+    iid = _our_incident(store)
+    first = report_for_incident(store, iid, tmp_path, now_ms=T0 + 10 * 60_000, rules=[RULES])
+    second = report_for_incident(store, iid, tmp_path, now_ms=T0 + 20 * 60_000, rules=[RULES])
+    assert first.markdown == second.markdown
+    assert "10:20:00 UTC" in second.markdown.read_text()
