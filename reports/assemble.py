@@ -235,8 +235,10 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, r)) for r in cur.fetchall()]  # by name: the table gains columns over time
     if not rows:
-        missing.append("Stacks: no py-spy capture was taken for this incident (py-spy missing, ptrace not "
-                       "permitted, or rate-limited), so where the processes spent their time was not checked.")
+        why = _capture_refusal(store, incident.get("instance"), window)
+        missing.append("Stacks: no py-spy capture was taken for this incident ("
+                       + (why or "py-spy missing, ptrace not permitted, or rate-limited")
+                       + "), so where the processes spent their time was not checked.")
         return []
     from vllm_sentinel.collectors.pyspy import parse_folded
     out = []
@@ -260,6 +262,15 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
     if all(p.status not in ("ok", "truncated") for p in out):
         missing.append("Stacks: every capture for this incident failed (see Stack evidence for why).")
     return out
+
+
+def _capture_refusal(store: Any, instance: str | None, window: tuple[int, int]) -> str | None:
+    """The last reason the capture collector gave for not capturing this instance in the window, if any."""
+    row = store.cursor().execute(
+        "SELECT message FROM events WHERE kind = 'pyspy_capture' AND instance = ? AND ts >= ? AND ts <= ? "
+        "AND coalesce(labels['status'], '') NOT IN ('ok', 'truncated') AND coalesce(message, '') <> '' "
+        "ORDER BY ts DESC LIMIT 1", [instance, *window]).fetchone()
+    return row[0] if row else None
 
 
 def _has_gpu_series(store: Any, instance: str | None) -> bool:

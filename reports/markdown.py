@@ -192,7 +192,7 @@ def peak_of(data: ReportData) -> tuple[str, int, float, str] | None:
 
 def _title(data: ReportData) -> list[str]:
     inc = data.incident
-    sev = inc.get("severity", "")
+    sev = inc.get("severity") or "severity unknown"
     state = "still firing" if inc.get("state") == "firing" else "resolved"
     lines = [f"# {inc.get('incident', 'incident')} on {inc.get('instance', '?')} ({sev}, {state})", ""]
     lines += [f"**Verdict:** {inc.get('summary', '').strip() or 'no summary was recorded for this incident.'}", ""]

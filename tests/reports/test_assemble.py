@@ -186,3 +186,15 @@ def test_report_for_incident_rewrites_the_same_folder(store, tmp_path) -> None:
     second = report_for_incident(store, iid, tmp_path, now_ms=T0 + 20 * 60_000, rules=[RULES])
     assert first.markdown == second.markdown
     assert "10:20:00 UTC" in second.markdown.read_text()
+
+
+def test_why_no_capture_was_taken_comes_from_the_collectors_event(store) -> None:
+    from vllm_sentinel.collectors.base import Event
+    from vllm_sentinel.collectors.pyspy import CAPTURES_TABLE_SQL
+    store.cursor().execute(CAPTURES_TABLE_SQL)
+    b = Batch(INSTANCE, T0 + 9 * 60_000)
+    b.events.append(Event(T0 + 9 * 60_000, INSTANCE, "pyspy_capture", {"status": "py_spy_missing"},
+                          "py-spy is not installed or not on PATH: `pip install py-spy`"))
+    store.append(b)
+    data = assemble(store, _our_incident(store), now_ms=T0 + 20 * 60_000, rules=[RULES])
+    assert any("no py-spy capture was taken for this incident (py-spy is not installed" in m for m in data.missing)
