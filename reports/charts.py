@@ -84,6 +84,8 @@ def display_unit(unit: str, peak: float | None) -> tuple[str, float]:
         return _SMALL_SECONDS
     if unit == "ratio":
         return "%", 100.0
+    if unit.startswith("1/"):  # a rate: '1/s' reads as 'per s'
+        return "per " + unit[2:], 1.0
     if unit in ("B", "bytes"):
         if peak is not None and abs(peak) >= 2**30:
             return "GiB", 1 / 2**30

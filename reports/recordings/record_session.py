@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_sentinel.agent import scenarios
+from vllm_sentinel.agent import liveconfig, scenarios
 from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.record import NOISY_METRICS, export_window
+from vllm_sentinel.agent.replay_demo import metadata_path
+from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.tiny_model import build_tiny_model
 from vllm_sentinel.agent.vllm_server import VllmServer
 from vllm_sentinel.collectors.base import now_ms
@@ -62,14 +64,18 @@ def main(argv: list[str] | None = None) -> int:
             sidecar.store.close()
     finally:
         server.stop()
-    from vllm_sentinel.agent.store import Store
     with Store.open(args.db, read_only=True) as store:
         res = export_window(store, start, end, args.out, min_step_ms=args.min_step_ms)
-    timeline = {"start_ms": start, "end_ms": end, "server": server.command()[3:],
-                "startup_seconds": server.startup_seconds, "dropped_patterns": list(NOISY_METRICS),
-                "dropped_metrics": res.dropped_metrics, "samples": res.samples, "series": res.series,
-                "bytes": res.bytes, "runs": [r.as_dict() for r in runs]}
-    args.out.with_suffix("").with_suffix(".timeline.json").write_text(json.dumps(timeline, indent=1) + "\n")
+        snapshots = [liveconfig.load_snapshot_at(store, server.instance, start)] + \
+            liveconfig.snapshot_history(store, server.instance, start, end)[1:]
+    meta = {"made_by": "reports/recordings/record_session.py " + " ".join(sys.argv[1:]),
+            "start_ms": start, "end_ms": end, "server_command": server.command()[3:],
+            "startup_seconds": server.startup_seconds, "dropped_patterns": list(NOISY_METRICS),
+            "dropped_metrics": res.dropped_metrics, "samples": res.samples, "series": res.series,
+            "bytes": res.bytes, "scenarios": [r.as_dict() for r in runs],
+            "config_snapshots": [{"ts": c.ts_ms, "instance": c.instance, "config": c.values, "sources": c.sources}
+                                 for c in snapshots if c is not None]}
+    metadata_path(args.out).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
     say(f"wrote {args.out}: {res.samples} samples, {res.series} series, {res.bytes / 1024:.0f} KiB")
     for r in runs:
         say(f"  {r.name}: {r.seconds:.0f} s, traffic {r.traffic.ok if r.traffic else '-'} ok")

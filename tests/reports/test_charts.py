@@ -51,7 +51,7 @@ def test_unlabelled_series_is_named_after_the_signal() -> None:
 
 def test_display_units_read_naturally() -> None:
     assert display_unit("s", 0.2) == ("ms", 1000.0) and display_unit("s", 4.0) == ("s", 1.0)
-    assert display_unit("ratio", 0.9) == ("%", 100.0)
+    assert display_unit("ratio", 0.9) == ("%", 100.0) and display_unit("1/s", 2.0) == ("per s", 1.0)
     assert display_unit("B", 70 * 2**30) == ("GiB", 1 / 2**30)
     assert axis_name("kv_cache_usage_ratio") == "kv cache usage"
 
