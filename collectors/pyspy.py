@@ -324,7 +324,7 @@ class PySpy:
 
     def __init__(self, py_spy: str | list[str] | None = None, run: Runner = run_bounded,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 rate: int = DEFAULT_RECORD_RATE, proc_root: str | Path = "/proc") -> None:
+                 rate: int = DEFAULT_RECORD_RATE, proc_root: str | Path = "/proc", dump_retries: int = 2) -> None:
         if isinstance(py_spy, list):
             self.command: list[str] | None = list(py_spy)
         else:
@@ -335,6 +335,7 @@ class PySpy:
         self.max_output_bytes = max_output_bytes
         self.rate = rate
         self.proc_root = proc_root
+        self.dump_retries = dump_retries
 
     def dump(self, pid: int, role: str, instance: str, incident_id: str | None = None) -> Capture:
         """One snapshot of every thread of `pid` (py-spy dump --json --nonblocking)."""
@@ -343,19 +344,26 @@ class PySpy:
             return self._fail(cap, STATUS_MISSING, FIX_MISSING)
         argv = [*self.command, "dump", "--json", "--nonblocking", "--pid", str(pid)]
         t0 = time.monotonic()
-        result = self.run(argv, self.timeout_s, self.max_output_bytes)
-        cap.duration_ms = int((time.monotonic() - t0) * 1000)
-        if result.truncated:
-            # half a JSON document cannot be parsed: a dump over the bound is a failure, not a prefix
-            return self._fail(cap, STATUS_FAILED, f"py-spy dump output exceeded {self.max_output_bytes} bytes; raise max_output_bytes")
-        if result.returncode != 0 or result.timed_out or not result.stdout.strip():
-            return self._fail(cap, *classify_failure(result, pid, self.proc_root))
-        try:
-            cap.threads = parse_dump_json(result.stdout)
-        except (ValueError, KeyError, TypeError) as exc:
-            return self._fail(cap, STATUS_FAILED, f"py-spy dump output is not the expected JSON: {exc}")
-        cap.stacks = dump_to_folded(cap.threads)
-        return cap
+        for attempt in range(1 + self.dump_retries):
+            result = self.run(argv, self.timeout_s, self.max_output_bytes)
+            cap.duration_ms = int((time.monotonic() - t0) * 1000)
+            if result.truncated:
+                # half a JSON document cannot be parsed: a dump over the bound is a failure, not a prefix
+                return self._fail(cap, STATUS_FAILED,
+                                  f"py-spy dump output exceeded {self.max_output_bytes} bytes; raise max_output_bytes")
+            if result.returncode != 0 or result.timed_out or not result.stdout.strip():
+                status, error = classify_failure(result, pid, self.proc_root)
+                # --nonblocking reads memory the interpreter is changing: a torn read fails; try again
+                if status == STATUS_FAILED and attempt < self.dump_retries:
+                    continue
+                return self._fail(cap, status, error + (f" (after {attempt + 1} attempts)" if attempt else ""))
+            try:
+                cap.threads = parse_dump_json(result.stdout)
+            except (ValueError, KeyError, TypeError) as exc:
+                return self._fail(cap, STATUS_FAILED, f"py-spy dump output is not the expected JSON: {exc}")
+            cap.stacks = dump_to_folded(cap.threads)
+            return cap
+        raise AssertionError("unreachable")  # the loop always returns
 
     def record(self, pid: int, role: str, instance: str, duration_s: int = 3,
                incident_id: str | None = None, idle: bool = False) -> Capture:

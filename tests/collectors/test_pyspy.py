@@ -196,3 +196,15 @@ def test_capture_row_fits_the_proposed_table():
     assert samples == 4
     assert ps.parse_folded(folded) == cap.stacks
     assert folded.splitlines()[0] == "thread (9): MainThread;a (x.py:1) 3"  # most samples first
+
+
+def test_a_torn_nonblocking_dump_is_retried(spinner):
+    real = (FIXTURES / "load-dump-worker.json").read_bytes()
+    answers = [ps.RunResult(1, b"", "Error: Failed to copy PyCodeObject"), ps.RunResult(0, real, "")]
+    cap = ps.PySpy(py_spy=["py-spy"], run=lambda *a: answers.pop(0)).dump(spinner.pid, "worker", "i:1")
+    assert cap.ok and cap.samples == 4
+    always = ps.PySpy(py_spy=["py-spy"], dump_retries=1,
+                      run=lambda *a: ps.RunResult(1, b"", "Error: Failed to copy PyCodeObject"))
+    failed = always.dump(spinner.pid, "worker", "i:1")
+    assert failed.status == ps.STATUS_FAILED
+    assert "Failed to copy PyCodeObject" in failed.error and "after 2 attempts" in failed.error

@@ -1,0 +1,97 @@
+"""Serving throughput of a real vLLM CPU server with py-spy captures running every few seconds vs without.
+
+Starts the tiny model on loopback, then alternates bounded phases of closed-loop traffic
+(baseline, dumps every N s, records every N s) so drift on a shared machine hits all modes alike,
+and prints output tokens/s per phase and each mode's change against the baseline. No assertions.
+
+    .venv/bin/python bench/pyspy_overhead.py [--phase-s 20] [--rounds 2] [--every-s 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+from vllm_sentinel.agent.tiny_model import build_tiny_model
+from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
+from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig
+from vllm_sentinel.collectors import pyspy as ps
+from vllm_sentinel.collectors.process import discover
+
+
+errors: set[str] = set()
+
+
+def capture_loop(server: VllmServer, kind: str, every_s: float, record_s: int, stop: threading.Event,
+                 counts: dict[str, int]) -> None:
+    """Capture all vLLM processes every `every_s` seconds until `stop` is set."""
+    procs = discover(server.url)
+    spy = ps.PySpy()
+    while not stop.wait(every_s):
+        tc = ps.capture_target(server.url, spy, procs, instance=server.instance, kind=kind, duration_s=record_s)
+        counts["captures"] += 1
+        for c in tc.captures:
+            if not c.ok:
+                counts["failed"] += 1
+                errors.add(f"{c.role} {c.kind}: {c.status}: {c.error}")
+
+
+def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_s: int) -> tuple[float, dict[str, int]]:
+    """Output tokens per second over one bounded traffic phase in `mode` (baseline|dump|record)."""
+    stop = threading.Event()
+    counts = {"captures": 0, "failed": 0}
+    thread = None
+    if mode != "baseline":
+        kind = ps.KIND_DUMP if mode == "dump" else ps.KIND_RECORD
+        thread = threading.Thread(target=capture_loop, args=(server, kind, every_s, record_s, stop, counts),
+                                  daemon=True)
+        thread.start()
+    plan = TrafficPlan(requests=100_000, duration_s=seconds, concurrency=4, prompt_tokens=64, max_tokens=32)
+    result = run_traffic(server.url, server.model_name, plan)
+    stop.set()
+    if thread is not None:
+        thread.join(60)
+    return result.completion_tokens / result.elapsed_s, counts
+
+
+def main() -> None:
+    """Run the phases and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--phase-s", type=float, default=20.0, help="seconds of traffic per phase")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of (baseline, dump, record)")
+    ap.add_argument("--every-s", type=float, default=3.0, help="seconds between captures")
+    ap.add_argument("--record-s", type=int, default=1, help="length of each py-spy record")
+    args = ap.parse_args()
+
+    server = VllmServer(VllmServerConfig(model_dir=build_tiny_model(), max_num_seqs=8, max_model_len=512))
+    t0 = time.monotonic()
+    server.start()
+    print(f"vLLM ready on {server.url} in {time.monotonic() - t0:.0f} s; py-spy {ps.find_py_spy()}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    try:
+        run_traffic(server.url, server.model_name, TrafficPlan(requests=16, concurrency=4, max_tokens=16))  # warm-up
+        results: dict[str, list[float]] = {"baseline": [], "dump": [], "record": []}
+        for rnd in range(args.rounds):
+            for mode in results:
+                tps, counts = phase(server, mode, args.phase_s, args.every_s, args.record_s)
+                results[mode].append(tps)
+                extra = f"  captures={counts['captures']} failed={counts['failed']}" if mode != "baseline" else ""
+                print(f"round {rnd + 1} {mode:8s} {tps:8.1f} output tokens/s{extra}")
+    finally:
+        server.stop()
+    for err in sorted(errors):
+        print("capture error:", err)
+    base = statistics.mean(results["baseline"])
+    print(f"\nmode      mean tok/s   vs baseline   (phases of {args.phase_s:.0f} s, capture every "
+          f"{args.every_s:.0f} s, record {args.record_s} s)")
+    for mode, values in results.items():
+        mean = statistics.mean(values)
+        print(f"{mode:8s} {mean:11.1f}   {100 * (mean - base) / base:+10.1f} %   "
+              f"(min {min(values):.1f}, max {max(values):.1f})")
+
+
+if __name__ == "__main__":
+    main()
