@@ -29,6 +29,10 @@ class VllmServerError(RuntimeError):
     """The vLLM server could not be started or did not become ready."""
 
 
+class _PortTaken(Exception):
+    """vLLM exited because its port was taken between our check and its bind (retried internally)."""
+
+
 @dataclass
 class VllmServerConfig:
     """Engine settings for one server; each maps to one vLLM command-line flag."""
@@ -69,6 +73,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    """True when something already accepts TCP connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
     """True when GET `url` answers 200."""
     try:
@@ -107,6 +118,7 @@ class VllmServer:
     ) -> None:
         self.config = config
         self.host = host
+        self._explicit_port = port is not None
         self.port = port if port is not None else free_port(host)
         self.python = python
         self.startup_timeout_s = startup_timeout_s
@@ -171,6 +183,29 @@ class VllmServer:
         if self._proc is not None:
             raise VllmServerError("server already started; call stop() first")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # a port we picked can be taken by someone else before vLLM binds it: pick again, twice at most
+        attempts = 1 if self._explicit_port else 3
+        for attempt in range(attempts):
+            if _port_in_use(self.host, self.port):
+                if self._explicit_port:
+                    raise VllmServerError(
+                        f"port {self.port} on {self.host} is already in use; stop what listens there "
+                        f"or pass another port (or none, to pick a free one)"
+                    )
+                self.port = free_port(self.host)
+            try:
+                self._start_once()
+                return self
+            except _PortTaken:
+                if attempt == attempts - 1:
+                    raise VllmServerError(
+                        f"vLLM could not bind {self.instance}: address already in use; log {self.log_path}"
+                    ) from None
+                self.port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
+        """One start attempt on self.port; raises _PortTaken when vLLM died on a taken port."""
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
@@ -187,7 +222,6 @@ class VllmServer:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
-        return self
 
     def _wait_ready(self, t0: float) -> None:
         """Poll /health then /metrics until both answer, the process dies, or the timeout passes."""
@@ -196,6 +230,8 @@ class VllmServer:
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
+                if "Address already in use" in log_tail(self.log_path):
+                    raise _PortTaken()
                 raise VllmServerError(
                     f"vLLM server exited with code {code} during startup "
                     f"(command: {' '.join(self.command())}); log {self.log_path} ends:\n"
@@ -281,10 +317,3 @@ def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def start_server(model_dir: Path, **kwargs: object) -> VllmServer:
-    """Convenience: build a config from keyword flags (max_num_seqs=2, ...) and start a server."""
-    server_kw = {k: kwargs.pop(k) for k in ("port", "host", "log_path", "startup_timeout_s") if k in kwargs}
-    config = VllmServerConfig(model_dir=Path(model_dir), **kwargs)  # type: ignore[arg-type]
-    return VllmServer(config, **server_kw).start()  # type: ignore[arg-type]

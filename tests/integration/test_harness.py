@@ -149,3 +149,16 @@ def test_startup_failure_names_the_problem_and_quotes_the_log(tiny_model_dir: Pa
     assert str(tmp_path / "bad.log") in str(info.value)
     assert "not-a-model" in str(info.value)  # the log tail names the bad path
     assert not server.is_running()
+
+
+def test_explicit_port_in_use_is_refused_before_starting(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = VllmServer(VllmServerConfig(model_dir=tiny_model_dir), port=port, log_path=tmp_path / "x.log")
+        with pytest.raises(VllmServerError, match=f"port {port} on 127.0.0.1 is already in use"):
+            server.start()
+        assert server.pid is None  # nothing was spawned
