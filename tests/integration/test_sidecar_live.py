@@ -68,6 +68,18 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
         daemon.wait(timeout=60)
     assert daemon.returncode == 0, daemon.stderr.read()
 
+    # beside the server, the sidecar found its processes and recorded its live configuration
+    from vllm_sentinel.agent.liveconfig import load_snapshot_at
+    with Store.open(db, read_only=True) as s:
+        roles = {r[0] for r in s.con.execute(
+            "SELECT DISTINCT labels['role'] FROM series WHERE metric = 'vllm_sentinel_process_cpu_seconds_total'"
+        ).fetchall()}
+        cfg = load_snapshot_at(s, vllm_server.instance, int(time.time() * 1000))
+    assert {"api_server", "engine_core"} <= roles
+    assert cfg is not None
+    assert cfg.get("block_size") == 128 and cfg.source("block_size").startswith("cache_config_info")
+    assert cfg.get("max_num_seqs") is not None  # from the flag, or vLLM's default for this platform
+
     now = server_counters(vllm_server.metrics_url)
     stored = stored_counters(db)
     for key, value in now.items():
