@@ -7,6 +7,7 @@ engine's /metrics, never a mock of it.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from .tiny_model import MODEL_NAME
 # vLLM CPU startup is 45-90 s on 2 cores (DESIGN §10); leave room for a loaded machine.
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
 _LOG_TAIL_LINES = 40
+_NANOBIND_NOISE = re.compile(r"^( - leaked | - \.\.\. skipped remainder|nanobind: |See https://nanobind)")
 
 
 class VllmServerError(RuntimeError):
@@ -100,7 +102,10 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
             data = f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    # triton's bindings print hundreds of "nanobind: leaked ..." lines at every exit; they would
+    # push the real error out of the tail
+    kept = [ln for ln in data.splitlines() if not _NANOBIND_NOISE.match(ln)]
+    return "\n".join(kept[-lines:])
 
 
 class VllmServer:
