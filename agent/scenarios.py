@@ -35,14 +35,16 @@ SCENARIO_MAX_NUM_SEQS = 4
 SCENARIO_NUM_GPU_BLOCKS = 8
 SCENARIO_MAX_MODEL_LEN = 512
 
-# How long each scenario holds its condition by default. Rules read rates over 1 m windows and
-# fire after a `for` of 30 s-1 m, so a condition must last about 2 minutes to be seen for sure.
+# How long each scenario holds its condition by default, from the shipped rules (rules/*.yaml):
+# queue_blocking and kv_cache_pressure fire `for: 1m` after their 2m-window signal crosses (10-20 s
+# into the load); engine_stall needs a whole 1m window without a token plus `for: 30s`; target_down
+# `for: 30s`. Each hold leaves 15-25 s of margin for a busy host and the 5 s evaluation step.
 DEFAULT_HOLD_S = {
-    "healthy": 75.0,
-    "queue_blocking": 110.0,
-    "kv_cache_pressure": 110.0,
-    "engine_stall": 100.0,
-    "target_down": 90.0,
+    "healthy": 60.0,
+    "queue_blocking": 105.0,
+    "kv_cache_pressure": 105.0,
+    "engine_stall": 115.0,
+    "target_down": 50.0,
 }
 # after the condition ends, the sidecar needs a scrape or two (1 s interval) before the window closes
 SETTLE_S = 3.0
