@@ -4,13 +4,14 @@ Starts the tiny model on loopback, then alternates bounded phases of closed-loop
 (baseline, dumps every N s, records every N s) so drift on a shared machine hits all modes alike,
 and prints output tokens/s per phase and each mode's change against the baseline. No assertions.
 
-    .venv/bin/python bench/pyspy_overhead.py [--phase-s 20] [--rounds 2] [--every-s 3]
+    .venv/bin/python bench/pyspy_overhead.py [--phase-s 15] [--rounds 4] [--every-s 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import threading
 import time
@@ -43,6 +44,7 @@ def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_
     """Output tokens per second over one bounded traffic phase in `mode` (baseline|dump|record)."""
     stop = threading.Event()
     counts = {"captures": 0, "failed": 0}
+    children_before = _children_cpu_s()
     thread = None
     if mode != "baseline":
         kind = ps.KIND_DUMP if mode == "dump" else ps.KIND_RECORD
@@ -54,14 +56,23 @@ def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_
     stop.set()
     if thread is not None:
         thread.join(60)
+    # py-spy runs are our only reaped children: their CPU is what the captures took from the machine
+    counts["pyspy_cpu_ms"] = int(1000 * (_children_cpu_s() - children_before))
+    counts["elapsed_ms"] = int(1000 * result.elapsed_s)
     return result.completion_tokens / result.elapsed_s, counts
+
+
+def _children_cpu_s() -> float:
+    """User+system CPU seconds of this process's reaped children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
     """Run the phases and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--phase-s", type=float, default=20.0, help="seconds of traffic per phase")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of (baseline, dump, record)")
+    ap.add_argument("--phase-s", type=float, default=15.0, help="seconds of traffic per phase")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of (baseline, dump, record)")
     ap.add_argument("--every-s", type=float, default=3.0, help="seconds between captures")
     ap.add_argument("--record-s", type=int, default=1, help="length of each py-spy record")
     args = ap.parse_args()
@@ -74,11 +85,18 @@ def main() -> None:
     try:
         run_traffic(server.url, server.model_name, TrafficPlan(requests=16, concurrency=4, max_tokens=16))  # warm-up
         results: dict[str, list[float]] = {"baseline": [], "dump": [], "record": []}
+        cpu_share: dict[str, list[float]] = {"dump": [], "record": []}
         for rnd in range(args.rounds):
             for mode in results:
                 tps, counts = phase(server, mode, args.phase_s, args.every_s, args.record_s)
                 results[mode].append(tps)
-                extra = f"  captures={counts['captures']} failed={counts['failed']}" if mode != "baseline" else ""
+                extra = ""
+                if mode != "baseline":
+                    cpu = counts["pyspy_cpu_ms"]
+                    extra = (f"  captures={counts['captures']} failed={counts['failed']} py-spy CPU {cpu} ms "
+                             f"({cpu / max(1, counts['captures']):.0f} ms/capture, "
+                             f"{100 * cpu / counts['elapsed_ms'] / (os.cpu_count() or 1):.2f} % of the machine)")
+                    cpu_share[mode].append(cpu / counts["elapsed_ms"] / (os.cpu_count() or 1))
                 print(f"round {rnd + 1} {mode:8s} {tps:8.1f} output tokens/s{extra}")
     finally:
         server.stop()
@@ -89,8 +107,9 @@ def main() -> None:
           f"{args.every_s:.0f} s, record {args.record_s} s)")
     for mode, values in results.items():
         mean = statistics.mean(values)
+        share = f"   py-spy used {100 * statistics.mean(cpu_share[mode]):.2f} % of the CPUs" if mode in cpu_share else ""
         print(f"{mode:8s} {mean:11.1f}   {100 * (mean - base) / base:+10.1f} %   "
-              f"(min {min(values):.1f}, max {max(values):.1f})")
+              f"(min {min(values):.1f}, max {max(values):.1f}){share}")
 
 
 if __name__ == "__main__":

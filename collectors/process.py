@@ -255,7 +255,7 @@ class ProcessCollector:
 
     def __init__(self, target: str, instance: str | None = None, proc_root: str | Path = "/proc") -> None:
         self.target = target
-        self.instance = instance or _instance_of(target)
+        self.instance = instance or instance_of(target)
         self.proc_root = proc_root
         self.processes: list[VllmProcess] = []  # last discovery, for py-spy and the config reader
 
@@ -304,7 +304,7 @@ class ProcessCollector:
         return events
 
 
-def _instance_of(target: str) -> str:
+def instance_of(target: str) -> str:
     """host:port of a target URL, as Prometheus' `instance` label."""
     parsed = urllib.parse.urlsplit(target if "://" in target else f"http://{target}")
     return f"{parsed.hostname}:{target_port(target)}"

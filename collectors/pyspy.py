@@ -29,6 +29,7 @@ from typing import Protocol
 
 from .base import Event, now_ms
 from .frames import ProcessProfile, summarize
+from .process import ProcessDiscoveryError, discover, instance_of
 
 KIND_DUMP = "dump"
 KIND_RECORD = "record"
@@ -42,6 +43,7 @@ STATUS_NOT_PYTHON = "not_python"
 STATUS_TIMEOUT = "timeout"
 STATUS_FAILED = "failed"
 STATUS_RATE_LIMITED = "rate_limited"
+STATUS_NO_PROCESSES = "no_processes"  # the target's vLLM processes were not found
 
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_MAX_OUTPUT_BYTES = 4 * 1024 * 1024
@@ -355,6 +357,7 @@ class PySpy:
                 status, error = classify_failure(result, pid, self.proc_root)
                 # --nonblocking reads memory the interpreter is changing: a torn read fails; try again
                 if status == STATUS_FAILED and attempt < self.dump_retries:
+                    time.sleep(0.05 * (attempt + 1))
                     continue
                 return self._fail(cap, status, error + (f" (after {attempt + 1} attempts)" if attempt else ""))
             try:
@@ -383,6 +386,10 @@ class PySpy:
             cap.duration_ms = int((time.monotonic() - t0) * 1000)
             text, truncated = _read_bounded(out, self.max_output_bytes)
         if not text.strip():
+            if result.returncode == 0 and not result.timed_out:
+                # py-spy ran and wrote nothing: no thread was on CPU during the window
+                cap.error = "no thread ran during the capture: the process was idle or blocked (record with idle=True or dump to see where)"
+                return cap
             return self._fail(cap, *classify_failure(result, pid, self.proc_root))
         if truncated:
             text = text[: text.rfind("\n") + 1]  # drop the cut last line
@@ -441,7 +448,7 @@ def capture_target(target: str, spy: PySpy, processes: list[VllmProcessLike], *,
             return TargetCapture(target, instance, STATUS_RATE_LIMITED, refusal)
         limiter.take(target, incident_id)
     if not processes:
-        return TargetCapture(target, instance, STATUS_EXITED, f"no vLLM processes found for {target}")
+        return TargetCapture(target, instance, STATUS_NO_PROCESSES, f"no vLLM processes found for {target}")
     if spy.command is None:
         return TargetCapture(target, instance, STATUS_MISSING, FIX_MISSING)
 
@@ -458,3 +465,16 @@ def capture_target(target: str, spy: PySpy, processes: list[VllmProcessLike], *,
         return TargetCapture(target, instance, STATUS_OK, None, captures)
     first = captures[0]
     return TargetCapture(target, instance, first.status, first.error, captures)
+
+
+def capture_now(target: str, *, instance: str | None = None, kind: str = KIND_DUMP, duration_s: int = 3,
+                incident_id: str | None = None, limiter: RateLimiter | None = None, spy: PySpy | None = None,
+                proc_root: str | Path = "/proc", idle: bool = False) -> TargetCapture:
+    """Discover the target's vLLM processes and capture them (what `vllm-sentinel capture --target` runs)."""
+    instance = instance or instance_of(target)
+    try:
+        processes = discover(target, proc_root)
+    except ProcessDiscoveryError as exc:
+        return TargetCapture(target, instance, STATUS_NO_PROCESSES, str(exc))
+    return capture_target(target, spy or PySpy(proc_root=proc_root), processes, instance=instance, kind=kind,
+                          duration_s=duration_s, incident_id=incident_id, limiter=limiter, idle=idle)

@@ -162,7 +162,7 @@ def test_capture_target_runs_all_processes_and_rate_limits(spinner):
     assert [e.kind for e in events] == ["pyspy_capture"] * 2 and events[0].labels["incident_id"] == "inc-7"
     again = ps.capture_target("127.0.0.1:1", ps.PySpy(), procs, instance="127.0.0.1:1", limiter=lim)
     assert again.status == ps.STATUS_RATE_LIMITED and again.captures == []
-    assert ps.capture_target("t", ps.PySpy(), [], instance="t").status == ps.STATUS_EXITED
+    assert ps.capture_target("t", ps.PySpy(), [], instance="t").status == ps.STATUS_NO_PROCESSES
 
 
 def test_real_vllm_dump_fixtures_parse():
@@ -208,3 +208,37 @@ def test_a_torn_nonblocking_dump_is_retried(spinner):
     failed = always.dump(spinner.pid, "worker", "i:1")
     assert failed.status == ps.STATUS_FAILED
     assert "Failed to copy PyCodeObject" in failed.error and "after 2 attempts" in failed.error
+
+
+@needs_pyspy
+def test_record_of_an_idle_process_is_ok_with_no_samples():
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('r', flush=True); time.sleep(30)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        idle.stdout.readline()
+        cap = ps.PySpy().record(idle.pid, "api_server", "i:1", duration_s=1)
+        assert cap.ok and cap.samples == 0, (cap.status, cap.error)
+        assert "idle or blocked" in cap.error
+        assert ps.PySpy().record(idle.pid, "api_server", "i:1", duration_s=1, idle=True).samples > 0
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+@needs_pyspy
+def test_capture_now_discovers_the_listener_and_dumps_it():
+    code = ("import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\n"
+            "print(s.getsockname()[1], flush=True)\ntime.sleep(30)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        tc = ps.capture_now(f"http://127.0.0.1:{port}")
+        assert tc.status == ps.STATUS_OK and tc.instance == f"127.0.0.1:{port}"
+        assert [(c.pid, c.role) for c in tc.captures] == [(server.pid, "api_server")]
+        assert any("<module>" in s for s in tc.captures[0].stacks)
+    finally:
+        server.kill()
+        server.wait()
+    gone = ps.capture_now(f"127.0.0.1:{port}")
+    assert gone.status == ps.STATUS_NO_PROCESSES and "nothing listens" in gone.error
+    assert gone.events()[0].labels["status"] == ps.STATUS_NO_PROCESSES
