@@ -484,6 +484,13 @@ class Engine:
         rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
         steps = np.asarray(res["step"], dtype=np.int64)
         t_eval = ctx.grid.t_ms[steps]
+        if "n_resets" in res and len(rows) and (_col(res, "n_resets", np.int64) >= 2).any():
+            # several resets in one window: fetch their corrections in time order (rare)
+            lists = sql.window_aggregates(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng,
+                                          ["reset_list"], eval_offset_ms=offset)
+            by_window = {(int(a), int(b)): np.ma.getdata(c) for a, b, c in
+                         zip(lists["step"], lists["series_id"], lists["resets"])}
+            res["reset_lists"] = [by_window.get((int(a), int(b))) for a, b in zip(res["step"], res["series_id"])]
         values, good = _range_kernel(name, res, t_eval, offset, rng, scalar_param[steps] if scalar_param is not None else None)
         if name in SEQUENTIAL_OVER_TIME and len(rows):
             counts = _col(res, "n", np.int64)
@@ -522,8 +529,8 @@ def _replay_matrix(res: dict, rows: np.ndarray, steps: np.ndarray, counts: np.nd
 
 
 _WANTED = {
-    "rate": ["n", "first", "last", "reset_list"],
-    "increase": ["n", "first", "last", "reset_list"],
+    "rate": ["n", "first", "last", "reset_corr"],
+    "increase": ["n", "first", "last", "reset_corr"],
     "delta": ["n", "first", "last"],
     "irate": ["n", "last", "prev_of_last"],
     "idelta": ["n", "last", "prev_of_last"],
@@ -557,13 +564,16 @@ def _range_kernel(name: str, res: dict, t_eval: np.ndarray, offset: int, rng: in
     """Per-window values of a range function from its SQL aggregates; returns (values, ok)."""
     n = _col(res, "n", np.int64)
     ones = np.ones(len(n), dtype=bool)
+    if not len(n):
+        return np.zeros(0), ones
     if name in ("rate", "increase", "delta"):
         resets = None
-        if "resets" in res:
-            raw = res["resets"]
-            mask = np.ma.getmaskarray(raw)
-            data = np.ma.getdata(raw)
-            resets = [(int(i), data[i]) for i in np.nonzero(~mask)[0] if len(data[i])]
+        if "n_resets" in res:
+            n_resets = _col(res, "n_resets", np.int64)
+            first_corr = _col(res, "first_corr")
+            resets = [(int(i), first_corr[i:i + 1]) for i in np.nonzero(n_resets == 1)[0]]
+            if (n_resets >= 2).any():
+                resets += [(int(i), res["reset_lists"][i]) for i in np.nonzero(n_resets >= 2)[0]]
         range_end = t_eval - offset
         return fn.extrapolated_rate(n, _col(res, "t0", np.int64), _col(res, "v0"), _col(res, "t1", np.int64),
                                     _col(res, "v1"), resets, range_end - rng, range_end, rng / 1000,

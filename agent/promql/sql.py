@@ -82,9 +82,12 @@ _WINDOW_AGGS: dict[str, list[str]] = {
     "last": ["max(ts) AS t1", "arg_max(value, ts) AS v1"],
     "prev_of_last": ["arg_max(prev, ts) AS vp", "arg_max(prev_ts, ts) AS tp"],
     # counter-reset corrections after the first sample of the window, in time order
-    "reset_list": [f"list(prev ORDER BY ts) FILTER (WHERE {_RESET} AND ts > t_lo_first) AS resets"],
-    "resets": [f"count(*) FILTER (WHERE {_RESET} AND ts > t_lo_first) AS resets"],
-    "changes": [f"count(*) FILTER (WHERE {_CHANGE} AND ts > t_lo_first) AS changes"],
+    # a pair (prev, value) counts only when prev lies inside the window too
+    "reset_corr": [f"count(*) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS n_resets",
+                   f"arg_min(prev, ts) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS first_corr"],
+    "reset_list": [f"list(prev ORDER BY ts) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS resets"],
+    "resets": [f"count(*) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS resets"],
+    "changes": [f"count(*) FILTER (WHERE {_CHANGE} AND prev_ts >= t_lo) AS changes"],
     "sum": ["fsum(value) AS sum"],
     "min": ["min(value) FILTER (WHERE NOT isnan(value)) AS min"],
     "max": ["max(value) FILTER (WHERE NOT isnan(value)) AS max"],
@@ -118,7 +121,7 @@ def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: li
     """
     ref = grid.t_ms - offset_ms
     lo, hi = int(ref.min()) - range_ms, int(ref.max())
-    need_prev = any(w in wanted for w in ("prev_of_last", "reset_list", "resets", "changes"))
+    need_prev = any(w in wanted for w in ("prev_of_last", "reset_corr", "reset_list", "resets", "changes"))
     cols = [c for w in wanted for c in _WINDOW_AGGS[w]]
     steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
                                      "ref": pa.array(ref, pa.int64())}))
@@ -128,10 +131,11 @@ def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: li
         inner = f"""
             WITH raw AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}),
                  s AS (SELECT ts, series_id, value{prev_cols} FROM raw{window}),
-                 j AS (SELECT g.step, s.*, g.ref + {int(eval_offset_ms)} AS t_eval
+                 j AS (SELECT g.step, s.*, g.ref + {int(eval_offset_ms)} AS t_eval,
+                              g.ref - {int(range_ms)} AS t_lo
                        FROM {steps} g JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref)"""
         if any("t_lo_first" in c for c in cols):
-            # a pair (prev, value) counts only when prev is inside the window too
+            # deriv's x axis starts at the first sample of each window
             inner += ", k AS (SELECT *, min(ts) OVER (PARTITION BY step, series_id) AS t_lo_first FROM j)"
             src = "k"
         else:
