@@ -17,6 +17,7 @@ out = Console()
 err = Console(stderr=True)
 
 PathsArg = typer.Argument(None, help="rule files or directories (default: the rules shipped with vllm-sentinel)")
+ParamsOpt = typer.Option(None, "--params", help="YAML file of threshold parameters (name: value) overriding the rule files' params")
 
 
 def default_rules_dir() -> Path:
@@ -30,10 +31,10 @@ def _rule_paths(paths: Optional[list[Path]]) -> list[Path]:
     return expand_rule_paths(list(paths) if paths else [default_rules_dir()])
 
 
-def _load(paths: Optional[list[Path]]):
-    from vllm_sentinel.agent.rulefile import RuleFileError, load_rule_files
+def _load(paths: Optional[list[Path]], params: Optional[Path] = None):
+    from vllm_sentinel.agent.rulefile import RuleFileError, load_params_file, load_rule_files
     try:
-        return load_rule_files(_rule_paths(paths))
+        return load_rule_files(_rule_paths(paths), load_params_file(params) if params else None)
     except RuleFileError as e:
         for p in e.problems:
             err.print(p, highlight=False, markup=False)
@@ -62,12 +63,12 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
 
 
 @app.command("check")
-def check(paths: Optional[list[Path]] = PathsArg) -> None:
+def check(paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
     """Lint rule files: schema, unique alert names, incident/severity labels, summary, a test file per rule file."""
     from vllm_sentinel.agent.incidents import FIX_FUNCTIONS, load_fix_plugins
     from vllm_sentinel.agent.rulefile import lint_rules
 
-    files = _load(paths)
+    files = _load(paths, params)
     load_fix_plugins()
     problems = lint_rules(files, set(FIX_FUNCTIONS))
     for p in problems:
@@ -81,13 +82,14 @@ def check(paths: Optional[list[Path]] = PathsArg) -> None:
 
 @app.command("list")
 def list_rules(paths: Optional[list[Path]] = PathsArg,
-               fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
+               fmt: str = typer.Option("table", "--format", help="table or json"),
+               params: Optional[Path] = ParamsOpt) -> None:
     """List the rules: name, kind, incident, severity, for, where."""
     from vllm_sentinel.agent.rulefile import format_duration_ms
 
     rows = [{"name": r.name, "kind": r.kind, "incident": r.incident, "severity": r.severity,
              "for": format_duration_ms(r.for_ms), "group": r.group, "where": r.where}
-            for f in _load(paths) for r in f.rules]
+            for f in _load(paths, params) for r in f.rules]
     if fmt == "json":
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
@@ -102,15 +104,19 @@ def list_rules(paths: Optional[list[Path]] = PathsArg,
 
 @app.command("export")
 def export(out_dir: Path = typer.Option(..., "--out", help="directory for the plain Prometheus rule files and tests"),
-           paths: Optional[list[Path]] = PathsArg) -> None:
-    """Write plain Prometheus rule files (our keys as annotations) and their tests, for promtool and a ruler."""
-    from vllm_sentinel.agent.rulefile import RuleFileError, rule_test_path
+           paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
+    """Write plain Prometheus rule files (our keys as annotations, parameters substituted) and their tests."""
+    from vllm_sentinel.agent.rulefile import RuleFileError, load_params_file, rule_test_path
     from vllm_sentinel.agent.rules_export import ExportError, export_rules
 
     rule_paths = _rule_paths(paths)
     tests = [t for p in rule_paths if (t := rule_test_path(p)).is_file()]
     try:
-        result = export_rules(rule_paths, tests, out_dir)
+        overrides = load_params_file(params) if params else None
+        if overrides is not None:
+            from vllm_sentinel.agent.rulefile import load_rule_files
+            load_rule_files(rule_paths, overrides)  # unknown names fail naming the --params file
+        result = export_rules(rule_paths, tests, out_dir, overrides.values if overrides else None)
     except (RuleFileError, ExportError) as e:
         err.print(str(e), highlight=False, markup=False)
         raise typer.Exit(1) from None

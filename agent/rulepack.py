@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_sentinel import rules as _rules_pkg
-from vllm_sentinel.agent.rulefile import RuleFile, load_rule_files
+from vllm_sentinel.agent.rulefile import (ParamOverrides, ParamValues, RuleFile, load_params_file,
+                                          load_rule_files)
 
 
 def packaged_rules_dir() -> Path:
@@ -13,9 +14,16 @@ def packaged_rules_dir() -> Path:
     return Path(_rules_pkg.__file__).parent
 
 
-def load_pack(paths: list[Path] | None = None) -> list[RuleFile]:
-    """Rule files from `paths` (files or folders), else the shipped pack; RuleFileError names file:line."""
-    return load_rule_files(list(paths) if paths else [packaged_rules_dir()])
+def load_pack(paths: list[Path] | None = None,
+              params: str | Path | ParamOverrides | ParamValues | None = None) -> list[RuleFile]:
+    """Rule files from `paths` (files or folders), else the shipped pack; RuleFileError names file:line.
+
+    `params` overrides the files' threshold parameters: a YAML file (`--params FILE`, mapping
+    `name: value`) or a mapping; an unknown name is a RuleFileError listing the declared ones.
+    """
+    if isinstance(params, (str, Path)):
+        params = load_params_file(params)
+    return load_rule_files(list(paths) if paths else [packaged_rules_dir()], params)
 
 
 def pack_window_evaluator(pack: list[RuleFile]):

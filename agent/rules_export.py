@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from vllm_sentinel.agent.rulefile import Rule, RuleFile, format_duration_ms, load_rule_file
+from vllm_sentinel.agent.rulefile import (ParamValues, Rule, RuleFile, format_duration_ms, load_rule_file,
+                                          load_rule_files)
 
 
 class ExportError(ValueError):
@@ -106,14 +107,21 @@ def dump_yaml(data: Any) -> str:
     return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
 
 
-def export_rules(rule_paths: list[Path], test_paths: list[Path], out_dir: Path) -> ExportResult:
-    """Write `out_dir/<name>.yaml` per rule file and `out_dir/tests/<test name>` per test file."""
+def export_rules(rule_paths: list[Path], test_paths: list[Path], out_dir: Path,
+                 params: ParamValues | None = None) -> ExportResult:
+    """Write `out_dir/<name>.yaml` per rule file and `out_dir/tests/<test name>` per test file.
+
+    Parameters are written substituted (defaults, or `params` overrides), so the files are plain
+    Prometheus rules; an override name no rule file declares is a RuleFileError.
+    """
+    if params:
+        load_rule_files(list(rule_paths), params)  # rejects unknown override names up front
     result = ExportResult()
     out_dir.mkdir(parents=True, exist_ok=True)
     exported: dict[Path, Path] = {}
     rules_by_alert: dict[str, list[Rule]] = {}
     for path in rule_paths:
-        rf = load_rule_file(path)
+        rf = load_rule_file(path, params)
         target = out_dir / Path(path).name
         if target in exported.values():
             raise ExportError(f"{path}: another rule file is also named {target.name}; names must be unique to export")
