@@ -124,7 +124,9 @@ def evidence_values(rule: Rule, query: Callable[[str, int], Any], t_ms: int,
         except Exception as e:  # an evidence query that fails is shown as missing, with why
             log.warning("evidence %s of %s failed: %s", ev.signal, rule.name, e)
             value = None
-        out.append({"signal": ev.signal, "value": _json_float(value), "threshold": ev.threshold, "unit": ev.unit})
+        # the expression travels with the value, so a report can chart it after the rule file changed
+        out.append({"signal": ev.signal, "value": _json_float(value), "threshold": ev.threshold, "unit": ev.unit,
+                    "expr": ev.expr})
     return out
 
 
