@@ -59,6 +59,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         nvml: str = typer.Option("auto", help="GPU counters via NVML: auto (when nvidia-ml-py is installed), on, off"),
         rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule file or folder (repeatable; default: the shipped pack)"),
         eval_interval: str = typer.Option("5s", help="rule evaluation interval"),
+        reports_dir: Optional[Path] = typer.Option(None, help="incident reports go here (default: <db>.reports/)"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
@@ -74,7 +75,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
             scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
             scrape_max_bytes=scrape_max_bytes, rules=rules or None,
-            eval_interval_s=parse_duration_ms(eval_interval) / 1000)
+            eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None

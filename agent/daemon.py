@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_sentinel.agent.autoreport import AutoReporter
 from vllm_sentinel.agent.client import daemon_route_diagnose
 from vllm_sentinel.agent import liveconfig
 from vllm_sentinel.agent.incidents import Evaluator
@@ -35,6 +36,7 @@ class DaemonOptions:
     nvml: str = "auto"  # auto: collect GPU counters when nvidia-ml-py is installed; on / off
     rules: list[Path] | None = None  # rule files or folders; None: the shipped pack
     eval_interval_s: float = 5.0
+    reports_dir: Path | None = None  # None: <db>.reports beside the database
     extra_collectors: list = field(default_factory=list)
 
 
@@ -58,10 +60,19 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     gpus = _gpu_collectors(options.nvml, names)
     pack = load_pack(options.rules)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
+    evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
+    reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
+
+    def evaluate(s: Store, now: int) -> dict:
+        result = evaluator(s, now)
+        reporter.after_evaluation(s, result, now)
+        return result
+
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
-        evaluate=Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {}),
+        evaluate=evaluate, on_stop=[reporter.close],
+        status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/diagnose": daemon_route_diagnose(
             pack_window_evaluator(pack), load_rules=lambda paths: pack_window_evaluator(load_pack(paths)))})

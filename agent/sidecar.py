@@ -47,6 +47,8 @@ class SidecarConfig:
     # it runs on the writer thread, the only thread that writes
     writer_tasks: list[tuple[float, str, Callable[[Store, int], object]]] = field(default_factory=list)
     extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
+    on_stop: list[Callable[[], object]] = field(default_factory=list)  # after the last commit, before close
+    status_extra: Callable[[], dict] | None = None
 
 
 class Sidecar:
@@ -101,6 +103,8 @@ class Sidecar:
             close = getattr(c, "close", None)
             if close:
                 self._guard(f"closing {c.name}", close)
+        for fn in self.config.on_stop:
+            self._guard("stopping", fn)
         if self._api:
             self._api.stop()
         if self._metrics_server is not None:
@@ -218,7 +222,8 @@ class Sidecar:
 
     def status(self) -> dict:
         """Targets and collectors with their health, for `vllm-sentinel status`."""
-        return {
+        extra = self.config.status_extra() if self.config.status_extra else {}
+        return {**extra,
             "db": self.store.path,
             "started_ms": self.started_ms,
             "interval_s": self.config.interval_s,

@@ -223,3 +223,34 @@ def test_diagnose_finds_an_incident_in_an_ingested_dump_with_the_operators_rules
     (inc,) = json.loads(res.stdout)["incidents"]
     assert (inc["incident"], inc["instance"], inc["summary"]) == ("kv_cache_pressure", "a:8000", "a:8000 preempts")
     assert inc["state"] == "resolved"
+
+
+def test_the_daemon_writes_a_report_when_an_incident_fires(tmp_path):
+    rules = tmp_path / "down.yaml"
+    rules.write_text(
+        "groups:\n- name: g\n  rules:\n  - alert: Down\n    expr: up == 0\n    for: 1s\n"
+        "    labels: {incident: target_down, severity: critical}\n"
+        "    annotations: {summary: '{{ $labels.instance }} does not answer'}\n"
+        "    evidence:\n    - {signal: up, expr: up, threshold: 1, unit: ''}\n")
+    db = tmp_path / "s.duckdb"
+    args = [sys.executable, "-m", "vllm_sentinel", "run", "--target", "http://127.0.0.1:9", "--db", str(db),
+            "--interval", "0.5s", "--eval-interval", "1s", "--rules", str(rules), "--metrics-port", "0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        reports = []
+        while time.monotonic() < deadline and not reports:
+            time.sleep(0.5)
+            try:
+                reports = api.call(socket_path_for(db), "/v1/status")["reports"]
+            except api.ApiError:
+                assert proc.poll() is None, proc.stderr.read()
+        assert reports, "no report was written"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    md = Path(reports[0])
+    assert md.parent.parent == tmp_path / "s.duckdb.reports"
+    text = md.read_text()
+    assert "127.0.0.1:9 does not answer" in text and "target_down" in text
+    assert list(md.parent.glob("*.png"))
