@@ -27,6 +27,15 @@ from vllm_sentinel.collectors.base import escape_label_value
 # the HTTP server's own instrumentation.
 NOISY_METRICS: tuple[str, ...] = ("python_gc_*", "python_info", "http_*")
 
+# For the demo recording shipped in the package (kept small): also the families no rule, summary or
+# report reads. process_cpu_seconds_total stays (frontend_cpu_bound reads it).
+RECORDING_DROP: tuple[str, ...] = NOISY_METRICS + (
+    "process_open_fds", "process_max_fds", "process_virtual_memory_bytes", "process_resident_memory_bytes",
+    "process_start_time_seconds", "vllm:request_params_*", "vllm:request_max_num_generation_tokens*",
+    "vllm:request_prefill_kv_computed_tokens*", "vllm:request_inference_time_seconds*",
+    "vllm:request_decode_time_seconds*", "vllm:mm_cache_*", "vllm:external_prefix_cache_*",
+    "vllm:engine_sleep_state", "vllm:prompt_tokens_cached_by_source*", "vllm:prompt_tokens_by_source*")
+
 HEADER = "# vllm-sentinel recording: {n} samples of {series} series, {start} .. {end} (ms since the epoch)\n"
 
 

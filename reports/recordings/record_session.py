@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_sentinel.agent import liveconfig, scenarios
 from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar
-from vllm_sentinel.agent.record import NOISY_METRICS, export_window
+from vllm_sentinel.agent.record import NOISY_METRICS, RECORDING_DROP, export_window
 from vllm_sentinel.agent.replay_demo import metadata_path
 from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.tiny_model import build_tiny_model
@@ -31,19 +31,12 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="the .prom.gz to write")
-    ap.add_argument("--db", type=Path, required=True, help="the sidecar's database (kept)")
-    ap.add_argument("--scenarios", default="healthy,queue_blocking,kv_cache_pressure,engine_stall")
-    ap.add_argument("--seconds", default="", help="per-scenario hold, e.g. healthy=30,queue_blocking=100")
-    ap.add_argument("--gap", type=float, default=0.0, help="seconds of idle between scenarios")
-    ap.add_argument("--min-step-ms", type=int, default=0, help="thin each series to one sample per this many ms")
-    args = ap.parse_args(argv)
+def record(args: argparse.Namespace) -> dict:
+    """Run the server, the sidecar and the scenarios; return the session's metadata (no export yet)."""
     names = [n for n in args.scenarios.split(",") if n]
     seconds = {k: float(v) for k, v in (kv.split("=") for kv in args.seconds.split(",") if kv)}
     if args.db.exists():
-        sys.exit(f"{args.db} exists; pass a new path")
+        sys.exit(f"{args.db} exists; pass a new path (or --from-db to export it again)")
     server = VllmServer(scenarios.scenario_server_config(build_tiny_model()),
                         log_path=args.db.with_suffix(".vllm.log"))
     say(f"starting vLLM: {' '.join(server.command()[3:])}")
@@ -51,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"vLLM ready in {server.startup_seconds:.0f} s at {server.url}")
     runs = []
     try:
-        sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=args.db, interval_s=1.0, metrics_port=None))
+        sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=args.db, interval_s=1.0, metrics_port=None,
+                                              rules=args.rules))
         sidecar.start()
         try:
             time.sleep(5)  # a few scrapes before the first scenario
@@ -64,21 +58,54 @@ def main(argv: list[str] | None = None) -> int:
             sidecar.store.close()
     finally:
         server.stop()
-    with Store.open(args.db, read_only=True) as store:
-        res = export_window(store, start, end, args.out, min_step_ms=args.min_step_ms)
-        snapshots = [liveconfig.load_snapshot_at(store, server.instance, start)] + \
-            liveconfig.snapshot_history(store, server.instance, start, end)[1:]
-    meta = {"made_by": "reports/recordings/record_session.py " + " ".join(sys.argv[1:]),
-            "start_ms": start, "end_ms": end, "server_command": server.command()[3:],
-            "startup_seconds": server.startup_seconds, "dropped_patterns": list(NOISY_METRICS),
-            "dropped_metrics": res.dropped_metrics, "samples": res.samples, "series": res.series,
-            "bytes": res.bytes, "scenarios": [r.as_dict() for r in runs],
-            "config_snapshots": [{"ts": c.ts_ms, "instance": c.instance, "config": c.values, "sources": c.sources}
-                                 for c in snapshots if c is not None]}
-    metadata_path(args.out).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
-    say(f"wrote {args.out}: {res.samples} samples, {res.series} series, {res.bytes / 1024:.0f} KiB")
     for r in runs:
         say(f"  {r.name}: {r.seconds:.0f} s, traffic {r.traffic.ok if r.traffic else '-'} ok")
+    return {"recorded_by": "reports/recordings/record_session.py " + " ".join(sys.argv[1:]),
+            "start_ms": start, "end_ms": end, "instance": server.instance, "server_command": server.command()[3:],
+            "startup_seconds": server.startup_seconds, "scenarios": [r.as_dict() for r in runs]}
+
+
+def export(db: Path, meta: dict, out: Path, min_step_ms: int, drop: tuple[str, ...]) -> dict:
+    """Write the recording and its metadata (with the configuration snapshots taken while vLLM ran)."""
+    start, end = meta["start_ms"], meta["end_ms"]
+    # after target_down the sidecar has no vLLM command line to read, and its snapshots fall back to
+    # vLLM's defaults (max_num_seqs 128): keep only the ones taken while the server ran
+    stopped = next((t for s in meta["scenarios"] for n, t in s["phases"] if n == "stopping"), end)
+    with Store.open(db, read_only=True) as store:
+        res = export_window(store, start, end, out, drop=drop, min_step_ms=min_step_ms)
+        snapshots = [c for c in liveconfig.snapshot_history(store, meta["instance"], start, end)
+                     if c.ts_ms is not None and c.ts_ms < stopped]
+    meta = dict(meta, exported_by="reports/recordings/record_session.py " + " ".join(sys.argv[1:]),
+                dropped_patterns=list(drop), dropped_metrics=res.dropped_metrics, min_step_ms=min_step_ms,
+                samples=res.samples, series=res.series, bytes=res.bytes,
+                config_snapshots=[{"ts": c.ts_ms, "instance": c.instance, "config": c.values, "sources": c.sources}
+                                  for c in snapshots])
+    metadata_path(out).write_text(json.dumps(meta, indent=1, sort_keys=True, default=str) + "\n")
+    say(f"wrote {out}: {res.samples} samples, {res.series} series, {res.bytes / 1024:.0f} KiB")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="the .prom.gz to write (its .json beside it)")
+    ap.add_argument("--db", type=Path, required=True, help="the sidecar's database (kept)")
+    ap.add_argument("--from-db", type=Path, metavar="META_JSON",
+                    help="do not record: export --db again, with the session metadata from this .json")
+    ap.add_argument("--scenarios", default="healthy,queue_blocking,kv_cache_pressure,engine_stall")
+    ap.add_argument("--seconds", default="", help="per-scenario hold, e.g. healthy=30,queue_blocking=100")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds of idle between scenarios")
+    ap.add_argument("--rules", type=Path, action="append",
+                    help="rule files for the live sidecar (default: the shipped pack); the recording holds samples only")
+    ap.add_argument("--min-step-ms", type=int, default=2000, help="thin each series to one sample per this many ms")
+    ap.add_argument("--keep-all-metrics", action="store_true", help="drop only python_gc_*/http_* (bigger file)")
+    args = ap.parse_args(argv)
+    if args.from_db:
+        meta = json.loads(args.from_db.read_text())
+        meta = {k: meta[k] for k in ("recorded_by", "start_ms", "end_ms", "instance", "server_command",
+                                     "startup_seconds", "scenarios") if k in meta}
+    else:
+        meta = record(args)
+    export(args.db, meta, args.out, args.min_step_ms, NOISY_METRICS if args.keep_all_metrics else RECORDING_DROP)
     return 0
 
 
