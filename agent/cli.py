@@ -115,13 +115,16 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     except RuleFileError as e:
         raise fail(str(e)) from None
     try:
-        doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules)
+        doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules,
+                                       markdown=fmt == "markdown")
     except NoDataInWindow as e:
         raise fail(str(e)) from None
     except (StoreError, api.ApiError) as e:
         raise fail(str(e)) from None
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(doc["markdown"])
     else:
         render_diagnosis(out, doc, fmt)
 

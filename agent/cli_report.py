@@ -41,6 +41,23 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
         except (RuleFileError, OSError) as e:
             err.print(f"[bold red]error:[/] --rules: {e}", highlight=False)
             raise typer.Exit(2) from None
+    from vllm_sentinel.agent import api
+    from vllm_sentinel.agent.paths import socket_path_for
+    try:  # a running daemon holds the file: it writes the report itself
+        done = api.call(socket_path_for(path), "/v1/report", {"id": incident_id, "out": str(out_dir.resolve()),
+                                                              "now_ms": int(time.time() * 1000)}, timeout=300)
+    except api.DaemonNotRunning:
+        done = None
+    except api.ApiError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(1) from None
+    if done is not None:
+        if "not_found" in done:
+            err.print(f"[bold red]error:[/] {done['not_found']}", highlight=False)
+            raise typer.Exit(1)
+        for line in [done["markdown"], *done["charts"]]:
+            typer.echo(line)
+        return
     try:
         store = Store.open(path, read_only=True)
     except StoreError as e:

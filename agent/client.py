@@ -7,14 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_sentinel.agent import api
-from vllm_sentinel.agent.diagnose import NoDataInWindow, WindowEvaluator, diagnose
+from vllm_sentinel.agent.diagnose import NoDataInWindow, WindowEvaluator, diagnose, diagnose_markdown
 from vllm_sentinel.agent.paths import socket_path_for
 from vllm_sentinel.agent.store import Store, StoreLocked
 
 
 def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instance: str | None = None,
                              evaluate_window: WindowEvaluator | None = None,
-                             rule_paths: list[Path] | None = None) -> dict:
+                             rule_paths: list[Path] | None = None, markdown: bool = False) -> dict:
     """The diagnose document from the running daemon if one owns `db`, else from the file itself.
 
     `rule_paths` (the operator's own rules) travel to the daemon as paths; `evaluate_window`
@@ -23,7 +23,8 @@ def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instanc
     sock = socket_path_for(db)
     doc = None
     params = {"start_ms": start_ms, "end_ms": end_ms, "instance": instance,
-              "rules": json.dumps([str(Path(p).resolve()) for p in rule_paths]) if rule_paths else None}
+              "rules": json.dumps([str(Path(p).resolve()) for p in rule_paths]) if rule_paths else None,
+              "format": "markdown" if markdown else None}
     try:
         doc = api.call(sock, "/v1/diagnose", params)
     except api.DaemonNotRunning:
@@ -39,7 +40,10 @@ def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instanc
         raise StoreLocked(f"{e} No daemon answers on {sock}: if a daemon owns the file, it was started "
                           "with another --db path or its API is off.") from None
     with store:
-        return diagnose(store, start_ms, end_ms, instance, evaluate_window=evaluate_window)
+        doc = diagnose(store, start_ms, end_ms, instance, evaluate_window=evaluate_window)
+        if markdown:
+            doc["markdown"] = diagnose_markdown(store, doc)
+        return doc
 
 
 def daemon_route_diagnose(evaluate_window: WindowEvaluator | None = None,
@@ -51,9 +55,26 @@ def daemon_route_diagnose(evaluate_window: WindowEvaluator | None = None,
         if params.get("rules") and load_rules is not None:
             evaluator = load_rules([Path(p) for p in json.loads(params["rules"])])
         try:
-            return diagnose(store, start_ms, end_ms, params.get("instance"), evaluate_window=evaluator)
+            doc = diagnose(store, start_ms, end_ms, params.get("instance"), evaluate_window=evaluator)
         except NoDataInWindow as e:
             return {"no_data": str(e)}
+        if params.get("format") == "markdown":
+            doc["markdown"] = diagnose_markdown(store, doc)
+        return doc
+    return handle
+
+
+def daemon_route_report(rules: list | None = None):
+    """The daemon's /v1/report handler: write one incident's report where the CLI asked."""
+    def handle(store: Store, params: dict) -> dict:
+        from vllm_sentinel.reports.assemble import IncidentNotFound
+        from vllm_sentinel.reports.write import report_for_incident
+        try:
+            written = report_for_incident(store, params["id"], Path(params["out"]),
+                                          now_ms=int(params["now_ms"]), rules=rules)
+        except IncidentNotFound as e:
+            return {"not_found": str(e)}
+        return {"markdown": str(written.markdown), "charts": [str(c) for c in written.charts]}
     return handle
 
 

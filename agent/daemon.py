@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_sentinel.agent.autoreport import AutoReporter
-from vllm_sentinel.agent.client import daemon_route_diagnose
+from vllm_sentinel.agent.client import daemon_route_diagnose, daemon_route_report
 from vllm_sentinel.agent import liveconfig
 from vllm_sentinel.agent.incidents import Evaluator
 from vllm_sentinel.agent.rulepack import load_pack, pack_window_evaluator
@@ -74,7 +74,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         evaluate=evaluate, on_stop=[reporter.close],
         status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
-        extra_routes={"/v1/diagnose": daemon_route_diagnose(
+        extra_routes={"/v1/report": daemon_route_report(pack), "/v1/diagnose": daemon_route_diagnose(
             pack_window_evaluator(pack), load_rules=lambda paths: pack_window_evaluator(load_pack(paths)))})
     return Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
 

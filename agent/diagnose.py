@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from vllm_sentinel.agent.incidents import stored_incidents
 from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.summary import instances, summarize
 
@@ -34,7 +35,8 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         wanted = f" for instance {instance}" if instance else ""
         raise NoDataInWindow(f"no samples{wanted} between {iso(start_ms)} and {iso(end_ms)} in {store.path}; "
                              f"{have}. Widen --since/--until or check --db.")
-    incidents = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
+    replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
+    incidents = merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed)
     return {
         "window": {"start": iso(start_ms), "end": iso(end_ms)},
         "source": source or f"duckdb:{store.path}",
@@ -42,3 +44,49 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         "incidents": incidents,
         "summary": [s.as_dict() for s in summarize(store, start_ms, end_ms, instance)],
     }
+
+
+def merge_incidents(live: list[dict], replayed: list[dict]) -> list[dict]:
+    """Incidents the daemon recorded live, plus those the window replay found that it did not.
+
+    Live rows are exact (evaluated every few seconds as data arrived); the replay finds what no
+    daemon watched (ingested dumps, other rules). The same rule and labels overlapping in time
+    are one incident: the live row wins.
+    """
+    def key(i: dict) -> tuple:
+        return i["rule"], i.get("instance"), tuple(sorted((i.get("labels") or {}).items()))
+
+    def span(i: dict) -> tuple[str, str]:
+        return i["start"], i.get("end") or "9999"
+
+    out = list(live)
+    for r in replayed:
+        if not any(key(r) == key(x) and span(r)[0] < span(x)[1] and span(x)[0] < span(r)[1] for x in live):
+            out.append(r)
+    out.sort(key=lambda i: (i["start"], i["rule"], i["id"]))
+    return out
+
+
+def diagnose_markdown(store: Store, doc: dict, rules: list | None = None) -> str:
+    """The full Markdown of a diagnose document: the window's health, then one report per incident."""
+    from vllm_sentinel.reports.assemble import assemble_incident
+    from vllm_sentinel.reports.markdown import render_markdown
+
+    w = doc["window"]
+    lines = [f"# vllm-sentinel diagnosis, {w['start']} .. {w['end']}", "",
+             f"Source: `{doc['source']}`. Instances: {', '.join(doc['instances'])}. "
+             f"Incidents: {len(doc['incidents'])}.", ""]
+    for s in doc.get("summary", []):
+        lines += [f"## Health of {s['instance']}", "", "| signal | value |", "|---|---|"]
+        lines += [f"| {k} | {'-' if v is None else f'{v:.4g}'} |" for k, v in s["signals"].items()]
+        lines.append("")
+    end_ms = _parse_iso_ms(w["end"])
+    for inc in doc["incidents"]:
+        data = assemble_incident(store, inc, now_ms=end_ms, rules=rules, source=doc["source"])
+        # charts are files; in a terminal the evidence table's sparklines stand in for them
+        lines += ["---", "", render_markdown(data), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _parse_iso_ms(text: str) -> int:
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() * 1000)

@@ -290,7 +290,13 @@ def _related(store: Any, incident: dict, window: tuple[int, int]) -> list[dict]:
 def assemble(store: Any, incident_id: str, *, now_ms: int, rules: Sequence[Any] | None = None,
              engine: Any = None, source: str = "") -> ReportData:
     """Everything the report on `incident_id` shows, read from `store` as of `now_ms`."""
-    incident = load_incident(store, incident_id)
+    return assemble_incident(store, load_incident(store, incident_id), now_ms=now_ms, rules=rules, engine=engine,
+                             source=source)
+
+
+def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequence[Any] | None = None,
+                      engine: Any = None, source: str = "") -> ReportData:
+    """The report data of an incident dict (stored, or found by a window evaluation) read from `store`."""
     start = parse_iso(incident["start"])
     end = parse_iso(incident["end"]) if incident.get("end") else None
     window = chart_window(start, end, max(now_ms, end or start))

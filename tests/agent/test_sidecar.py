@@ -254,3 +254,39 @@ def test_the_daemon_writes_a_report_when_an_incident_fires(tmp_path):
     text = md.read_text()
     assert "127.0.0.1:9 does not answer" in text and "target_down" in text
     assert list(md.parent.glob("*.png"))
+
+
+def test_markdown_diagnosis_and_report_while_the_daemon_holds_the_file(tmp_path):
+    rules = tmp_path / "down.yaml"
+    rules.write_text(
+        "groups:\n- name: g\n  rules:\n  - alert: Down\n    expr: up == 0\n    for: 1s\n"
+        "    labels: {incident: target_down, severity: critical}\n"
+        "    annotations: {summary: '{{ $labels.instance }} does not answer'}\n"
+        "    evidence:\n    - {signal: up, expr: up, threshold: 1, unit: ''}\n")
+    db = tmp_path / "s.duckdb"
+    args = [sys.executable, "-m", "vllm_sentinel", "run", "--target", "http://127.0.0.1:9", "--db", str(db),
+            "--interval", "0.5s", "--eval-interval", "1s", "--rules", str(rules), "--metrics-port", "0"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                if api.call(socket_path_for(db), "/v1/status")["reports"]:
+                    break
+            except api.ApiError:
+                assert proc.poll() is None, proc.stderr.read()
+        res = cli("diagnose", "--since", "2m", "--db", str(db), "--rules", str(rules), "--format", "markdown")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.startswith("# vllm-sentinel diagnosis")
+        assert "127.0.0.1:9 does not answer" in res.stdout
+        doc = json.loads(cli("diagnose", "--since", "2m", "--db", str(db), "--rules", str(rules),
+                             "--format", "json").stdout)
+        iid = doc["incidents"][0]["id"]
+        res = cli("report", iid[:8], "--db", str(db), "--out", str(tmp_path / "out"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert res.returncode == 0, res.stderr
+    md = Path(res.stdout.splitlines()[0])
+    assert md.is_file() and md.parent.parent == tmp_path / "out"
