@@ -58,6 +58,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
         nvml: str = typer.Option("auto", help="GPU counters via NVML: auto (when nvidia-ml-py is installed), on, off"),
         rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule file or folder (repeatable; default: the shipped pack)"),
+        params: Optional[Path] = typer.Option(None, "--params", help="YAML file overriding rule thresholds (name: value)"),
         eval_interval: str = typer.Option("5s", help="rule evaluation interval"),
         reports_dir: Optional[Path] = typer.Option(None, help="incident reports go here (default: <db>.reports/)"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
@@ -75,7 +76,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
             scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
             scrape_max_bytes=scrape_max_bytes, rules=rules or None,
-            eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir)
+            eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir, params=params)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None
@@ -98,6 +99,7 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              instance: Optional[str] = typer.Option(None, help="only this instance"),
              fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
              rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule file or folder (repeatable; default: the shipped pack)"),
+             params: Optional[Path] = typer.Option(None, "--params", help="YAML file overriding rule thresholds (name: value)"),
              db: Optional[Path] = DbOption) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     from vllm_sentinel.agent.client import diagnose_via_best_source
@@ -111,12 +113,12 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
         raise fail(f"--format {fmt!r}: use table, markdown or json", Exit.USAGE)
     start, end = _window(since, until)
     try:
-        pack = load_pack(rules)
-    except RuleFileError as e:
+        pack = load_pack(rules, params)
+    except (RuleFileError, OSError) as e:
         raise fail(str(e)) from None
     try:
         doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules,
-                                       markdown=fmt == "markdown")
+                                       markdown=fmt == "markdown", params=params)
     except NoDataInWindow as e:
         raise fail(str(e)) from None
     except (StoreError, api.ApiError) as e:

@@ -14,7 +14,8 @@ from vllm_sentinel.agent.store import Store, StoreLocked
 
 def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instance: str | None = None,
                              evaluate_window: WindowEvaluator | None = None,
-                             rule_paths: list[Path] | None = None, markdown: bool = False) -> dict:
+                             rule_paths: list[Path] | None = None, markdown: bool = False,
+                             params: Path | None = None) -> dict:
     """The diagnose document from the running daemon if one owns `db`, else from the file itself.
 
     `rule_paths` (the operator's own rules) travel to the daemon as paths; `evaluate_window`
@@ -24,7 +25,8 @@ def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instanc
     doc = None
     params = {"start_ms": start_ms, "end_ms": end_ms, "instance": instance,
               "rules": json.dumps([str(Path(p).resolve()) for p in rule_paths]) if rule_paths else None,
-              "format": "markdown" if markdown else None}
+              "format": "markdown" if markdown else None,
+              "params": str(Path(params).resolve()) if params else None}
     try:
         doc = api.call(sock, "/v1/diagnose", params)
     except api.DaemonNotRunning:
@@ -47,13 +49,14 @@ def diagnose_via_best_source(db: str | Path, start_ms: int, end_ms: int, instanc
 
 
 def daemon_route_diagnose(evaluate_window: WindowEvaluator | None = None,
-                          load_rules: Callable[[list[Path]], WindowEvaluator] | None = None):
+                          load_rules: Callable[[list[Path] | None, Path | None], WindowEvaluator] | None = None):
     """The daemon's /v1/diagnose handler: same library function, over the daemon's own connection."""
     def handle(store: Store, params: dict) -> dict:
         start_ms, end_ms = int(params["start_ms"]), int(params["end_ms"])
         evaluator = evaluate_window
-        if params.get("rules") and load_rules is not None:
-            evaluator = load_rules([Path(p) for p in json.loads(params["rules"])])
+        if (params.get("rules") or params.get("params")) and load_rules is not None:
+            paths = [Path(p) for p in json.loads(params["rules"])] if params.get("rules") else None
+            evaluator = load_rules(paths, Path(params["params"]) if params.get("params") else None)
         try:
             doc = diagnose(store, start_ms, end_ms, params.get("instance"), evaluate_window=evaluator)
         except NoDataInWindow as e:

@@ -37,6 +37,7 @@ class DaemonOptions:
     rules: list[Path] | None = None  # rule files or folders; None: the shipped pack
     eval_interval_s: float = 5.0
     reports_dir: Path | None = None  # None: <db>.reports beside the database
+    params: Path | None = None  # rule threshold overrides (YAML name: value)
     extra_collectors: list = field(default_factory=list)
 
 
@@ -58,7 +59,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         p.name = f"process {p.instance}"
         p.interval_s = PROCESS_INTERVAL_S
     gpus = _gpu_collectors(options.nvml, names)
-    pack = load_pack(options.rules)  # a wrong rule file fails here, at start, naming file:line
+    pack = load_pack(options.rules, options.params)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
@@ -75,7 +76,8 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/diagnose": daemon_route_diagnose(
-            pack_window_evaluator(pack), load_rules=lambda paths: pack_window_evaluator(load_pack(paths)))})
+            pack_window_evaluator(pack),
+            load_rules=lambda paths, params: pack_window_evaluator(load_pack(paths or options.rules, params or options.params)))})
     return Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
 
 

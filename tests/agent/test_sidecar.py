@@ -290,3 +290,20 @@ def test_markdown_diagnosis_and_report_while_the_daemon_holds_the_file(tmp_path)
     assert res.returncode == 0, res.stderr
     md = Path(res.stdout.splitlines()[0])
     assert md.is_file() and md.parent.parent == tmp_path / "out"
+
+
+def test_params_file_overrides_thresholds_and_unknown_names_are_refused(tmp_path):
+    good = tmp_path / "p.yaml"
+    good.write_text("queue_time_p95_seconds: 5\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queue_time_p95: 5\n")
+    db = tmp_path / "s.duckdb"
+    target = Target()
+    try:
+        assert cli("ingest", str(CAPTURE), "--db", str(db), "--instance", "a:1").returncode == 0
+    finally:
+        target.close()
+    res = cli("diagnose", "--since", "100000d", "--db", str(db), "--params", str(good), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    res = cli("diagnose", "--since", "100000d", "--db", str(db), "--params", str(bad))
+    assert res.returncode == 1 and "queue_time_p95" in res.stderr and str(bad) in res.stderr
