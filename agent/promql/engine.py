@@ -19,7 +19,7 @@ import numpy as np
 import promql_parser as pp
 
 from vllm_sentinel.agent.promql import functions as fn
-from vllm_sentinel.agent.promql import sql
+from vllm_sentinel.agent.promql import sql, windows
 from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_at, duration_ms, matchers_of,
                                                op_name, parse)
 
@@ -425,14 +425,6 @@ class Engine:
                                   *[self._string_arg(a, ctx, name) for a in args[1:5]])
         raise Unsupported(f"unsupported: function {name}")
 
-    def _replay(self, name: str, ctx: _Ctx, sids: list[int], offset: int, rng: int, rows: np.ndarray,
-                steps: np.ndarray, counts: np.ndarray, row_of: dict) -> np.ndarray:
-        lo = int(ctx.grid.t_ms.min()) - offset - rng
-        hi = int(ctx.grid.t_ms.max()) - offset
-        res = sql.window_values(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng)
-        vals = _replay_matrix(res, rows, steps, counts, row_of, ctx.grid.n)
-        return fn.sequential_over_time(name, vals, counts)
-
     def _vector_arg(self, node: pp.Expr, ctx: _Ctx, fname: str) -> _Vec:
         val = self._eval(node, ctx)
         if not isinstance(val, _Vec):
@@ -468,7 +460,7 @@ class Engine:
             return _Vec.empty(n)
         sids = [cat.sids[i] for i in idx]
         offset, rng = duration_ms(sel.offset), duration_ms(ms.range)
-        wanted, quantile_q = _WANTED[name], None
+        quantile_q = None
         scalar_param = None
         if name in ("quantile_over_time", "predict_linear"):
             scalar_param = self._scalar_arg(args[0] if name == "quantile_over_time" else args[1], ctx, name)
@@ -478,24 +470,22 @@ class Engine:
             quantile_q = float(scalar_param[0])
         lo = int(ctx.grid.t_ms.min()) - offset - rng
         hi = int(ctx.grid.t_ms.max()) - offset
-        res = sql.window_aggregates(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng,
-                                    wanted, quantile=quantile_q, eval_offset_ms=offset)
-        row_of = {sid: r for r, sid in enumerate(sids)}
-        rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
-        steps = np.asarray(res["step"], dtype=np.int64)
-        t_eval = ctx.grid.t_ms[steps]
-        if "n_resets" in res and len(rows) and (_col(res, "n_resets", np.int64) >= 2).any():
-            # several resets in one window: fetch their corrections in time order (rare)
-            lists = sql.window_aggregates(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng,
-                                          ["reset_list"], eval_offset_ms=offset)
-            by_window = {(int(a), int(b)): np.ma.getdata(c) for a, b, c in
-                         zip(lists["step"], lists["series_id"], lists["resets"])}
-            res["reset_lists"] = [by_window.get((int(a), int(b))) for a, b in zip(res["step"], res["series_id"])]
-        values, good = _range_kernel(name, res, t_eval, offset, rng, scalar_param[steps] if scalar_param is not None else None)
-        if name in SEQUENTIAL_OVER_TIME and len(rows):
-            counts = _col(res, "n", np.int64)
-            if len(rows) * int(counts.max()) <= EXACT_REPLAY_CELLS:
-                values = self._replay(name, ctx, sids, offset, rng, rows, steps, counts, row_of)
+        if name == "quantile_over_time":
+            # the only function that needs each window's values sorted: one SQL join of steps and samples
+            res = sql.window_aggregates(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid, offset, rng,
+                                        ["n", "quantile"], quantile=quantile_q)
+            row_of = {sid: r for r, sid in enumerate(sids)}
+            rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
+            steps = np.asarray(res["step"], dtype=np.int64)
+            values, good = _quantile_over_time(res, quantile_q)
+        else:
+            samples = sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi)
+            ref = ctx.grid.t_ms - offset
+            win = windows.locate(samples, len(sids), ref, rng)
+            rows, steps = win.rows, win.steps
+            values, good = windows.range_function(
+                name, samples, win, ctx.grid.t_ms[steps], ref[steps] - rng, ref[steps], rng / 1000,
+                scalar_param[steps] if scalar_param is not None else None)
         if name == "absent_over_time":
             seen = np.zeros(n, dtype=bool)
             seen[steps] = True
@@ -510,122 +500,18 @@ class Engine:
         return _dedupe(_Vec(keys, v, ok), whole_series=True)
 
 
-# avg/stddev/stdvar_over_time are replayed exactly (Prometheus' compensated, time-ordered
-# arithmetic) up to this many window cells; beyond it DuckDB's avg/var_pop answer, which can
-# differ from Prometheus in the last bit or two.
-EXACT_REPLAY_CELLS = 4_000_000
-SEQUENTIAL_OVER_TIME = {"avg_over_time", "stddev_over_time", "stdvar_over_time"}
-
-def _replay_matrix(res: dict, rows: np.ndarray, steps: np.ndarray, counts: np.ndarray, row_of: dict,
-                   n_steps: int) -> np.ndarray:
-    """Window values laid out as (window x position), windows in the order of (rows, steps)."""
-    window_of = np.full((max(row_of.values()) + 1) * n_steps, -1, dtype=np.int64)
-    window_of[rows * n_steps + steps] = np.arange(len(rows))
-    v_rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
-    w = window_of[v_rows * n_steps + np.asarray(res["step"], dtype=np.int64)]
-    out = np.full((len(rows), int(counts.max())), np.nan)
-    out[w, np.asarray(res["pos"], dtype=np.int64)] = np.asarray(res["value"], dtype=np.float64)
-    return out
-
-
-_WANTED = {
-    "rate": ["n", "first", "last", "reset_corr"],
-    "increase": ["n", "first", "last", "reset_corr"],
-    "delta": ["n", "first", "last"],
-    "irate": ["n", "last", "prev_of_last"],
-    "idelta": ["n", "last", "prev_of_last"],
-    "deriv": ["n", "regress_first"],
-    "predict_linear": ["n", "regress_eval"],
-    "resets": ["n", "resets"],
-    "changes": ["n", "changes"],
-    "avg_over_time": ["n", "sum"],
-    "min_over_time": ["n", "min", "nan_count"],
-    "max_over_time": ["n", "max", "nan_count"],
-    "sum_over_time": ["n", "sum"],
-    "count_over_time": ["n"],
-    "last_over_time": ["n", "last"],
-    "quantile_over_time": ["n", "quantile"],
-    "stddev_over_time": ["n", "var"],
-    "stdvar_over_time": ["n", "var"],
-    "present_over_time": ["n"],
-    "absent_over_time": ["n"],
-}
-
-
-def _col(res: dict, name: str, dtype=np.float64) -> np.ndarray:
-    col = res[name]
+def _quantile_over_time(res: dict, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """quantile_over_time per window from its SQL answer; returns (values, ok)."""
+    n = len(res["n"])
+    ones = np.ones(n, dtype=bool)
+    if math.isnan(q):
+        return np.full(n, math.nan), ones
+    if q < 0 or q > 1:
+        return np.full(n, -math.inf if q < 0 else math.inf), ones
+    col = res["q"]
     if isinstance(col, np.ma.MaskedArray):
-        col = col.filled(np.nan if dtype == np.float64 else 0)
-    return np.asarray(col, dtype=dtype)
-
-
-def _range_kernel(name: str, res: dict, t_eval: np.ndarray, offset: int, rng: int,
-                  param: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-window values of a range function from its SQL aggregates; returns (values, ok)."""
-    n = _col(res, "n", np.int64)
-    ones = np.ones(len(n), dtype=bool)
-    if not len(n):
-        return np.zeros(0), ones
-    if name in ("rate", "increase", "delta"):
-        resets = None
-        if "n_resets" in res:
-            n_resets = _col(res, "n_resets", np.int64)
-            first_corr = _col(res, "first_corr")
-            resets = [(int(i), first_corr[i:i + 1]) for i in np.nonzero(n_resets == 1)[0]]
-            if (n_resets >= 2).any():
-                resets += [(int(i), res["reset_lists"][i]) for i in np.nonzero(n_resets >= 2)[0]]
-        range_end = t_eval - offset
-        return fn.extrapolated_rate(n, _col(res, "t0", np.int64), _col(res, "v0"), _col(res, "t1", np.int64),
-                                    _col(res, "v1"), resets, range_end - rng, range_end, rng / 1000,
-                                    is_counter=name != "delta", is_rate=name == "rate")
-    if name in ("irate", "idelta"):
-        return fn.instant_value(n, _col(res, "v1"), _col(res, "t1", np.int64), _col(res, "vp"),
-                                _col(res, "tp", np.int64), is_rate=name == "irate")
-    if name in ("deriv", "predict_linear"):
-        nf = n.astype(np.float64)
-        sx, sy, sxy, sx2 = (_col(res, c) for c in ("sx", "sy", "sxy", "sx2"))
-        with np.errstate(all="ignore"):
-            cov = sxy - sx * sy / nf
-            var = sx2 - sx * sx / nf
-            slope = cov / var
-            intercept = sy / nf - slope * sx / nf
-        const = _col(res, "const_y", np.int64).astype(bool)
-        y0 = _col(res, "y0")
-        slope = np.where(const, np.where(np.isinf(y0), math.nan, 0.0), slope)
-        intercept = np.where(const, np.where(np.isinf(y0), math.nan, y0), intercept)
-        if name == "deriv":
-            return slope, n >= 2
-        return slope * param + intercept, n >= 2
-    if name == "resets":
-        return _col(res, "resets"), ones
-    if name == "changes":
-        return _col(res, "changes"), ones
-    if name == "avg_over_time":
-        with np.errstate(all="ignore"):
-            return _col(res, "sum") / n, ones
-    if name in ("min_over_time", "max_over_time"):
-        col = _col(res, "min" if name == "min_over_time" else "max")
-        return np.where(_col(res, "nans", np.int64) == n, math.nan, col), ones
-    if name == "sum_over_time":
-        return _col(res, "sum"), ones
-    if name == "count_over_time":
-        return n.astype(np.float64), ones
-    if name == "last_over_time":
-        return _col(res, "v1"), ones
-    if name == "quantile_over_time":
-        q = float(param[0]) if len(param) else 0.5
-        if math.isnan(q):
-            return np.full(len(n), math.nan), ones
-        if q < 0 or q > 1:
-            return np.full(len(n), -math.inf if q < 0 else math.inf), ones
-        return _col(res, "q"), ones
-    if name == "stdvar_over_time":
-        return _col(res, "var"), ones
-    if name == "stddev_over_time":
-        return np.sqrt(_col(res, "var")), ones
-    if name in ("present_over_time", "absent_over_time"):
-        return np.ones(len(n)), ones
-    raise Unsupported(f"unsupported: function {name}")
+        col = col.filled(np.nan)
+    return np.asarray(col, dtype=np.float64), ones
 
 
 def _dedupe(vec: _Vec, whole_series: bool) -> _Vec:

@@ -12,9 +12,11 @@ import numpy as np
 
 
 def extrapolated_rate(n: np.ndarray, t0: np.ndarray, v0: np.ndarray, t1: np.ndarray, v1: np.ndarray,
-                      resets: list[tuple[int, np.ndarray]] | None, range_start: np.ndarray, range_end: np.ndarray,
+                      resets: tuple[np.ndarray, np.ndarray, np.ndarray] | None, range_start: np.ndarray, range_end: np.ndarray,
                       range_s: float, is_counter: bool, is_rate: bool) -> tuple[np.ndarray, np.ndarray]:
     """rate/increase/delta per window; returns (values, ok) where ok is False for windows of < 2 samples.
+
+    resets: (count, first, corrections): window i adds corrections[first[i]:first[i] + count[i]].
 
     Example: samples (0s, 0) and (60s, 60) in a [1m] window ending at 60s -> rate 1.0.
     """
@@ -22,11 +24,10 @@ def extrapolated_rate(n: np.ndarray, t0: np.ndarray, v0: np.ndarray, t1: np.ndar
     result = v1 - v0
     if is_counter and resets is not None:
         # corrections are added one by one in time order, as Prometheus does
-        for i, corrections in resets:  # only windows that saw a reset
-            r = float(result[i])
-            for c in corrections.tolist():
-                r += c
-            result[i] = r
+        count, first, corrections = resets
+        for k in range(int(count.max()) if len(count) else 0):
+            m = count > k
+            result[m] = result[m] + corrections[first[m] + k]
     with np.errstate(divide="ignore", invalid="ignore"):
         duration_to_start = (t0 - range_start).astype(np.float64) / 1000
         duration_to_end = (range_end - t1).astype(np.float64) / 1000

@@ -16,6 +16,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from vllm_sentinel.agent.promql.windows import Samples
+
 _names = itertools.count()
 
 
@@ -70,76 +72,56 @@ def instant_lookup(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
         cur.unregister(ids)
 
 
-# Aggregates computed per (step, series) window. `prev` is the previous non-stale sample of the
-# series (which may lie before the window); `first_*` picks the first sample in the window.
-_RESET = "(prev IS NOT NULL AND NOT isnan(value) AND NOT isnan(prev) AND value < prev)"
-_CHANGE = ("(prev IS NOT NULL AND NOT (isnan(value) AND isnan(prev)) "
-           "AND (value <> prev OR (isnan(value) <> isnan(prev))))")
-
+# Aggregates computed per (step, series) window by joining steps with samples. Only
+# quantile_over_time still goes this way (it needs each window's values sorted); every other range
+# function is computed from samples read once (window_samples, then windows.py).
 _WINDOW_AGGS: dict[str, list[str]] = {
     "n": ["count(*) AS n"],
-    "first": ["min(ts) AS t0", "arg_min(value, ts) AS v0"],
-    "last": ["max(ts) AS t1", "arg_max(value, ts) AS v1"],
-    "prev_of_last": ["arg_max(prev, ts) AS vp", "arg_max(prev_ts, ts) AS tp"],
-    # counter-reset corrections after the first sample of the window, in time order
-    # a pair (prev, value) counts only when prev lies inside the window too
-    "reset_corr": [f"count(*) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS n_resets",
-                   f"arg_min(prev, ts) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS first_corr"],
-    "reset_list": [f"list(prev ORDER BY ts) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS resets"],
-    "resets": [f"count(*) FILTER (WHERE {_RESET} AND prev_ts >= t_lo) AS resets"],
-    "changes": [f"count(*) FILTER (WHERE {_CHANGE} AND prev_ts >= t_lo) AS changes"],
-    "sum": ["fsum(value) AS sum"],
-    "min": ["min(value) FILTER (WHERE NOT isnan(value)) AS min"],
-    "max": ["max(value) FILTER (WHERE NOT isnan(value)) AS max"],
-    "nan_count": ["count(*) FILTER (WHERE isnan(value)) AS nans"],
-    "values": ["list(value ORDER BY ts) AS vals", "list(ts ORDER BY ts) AS tss"],
-    "var": ["var_pop(value) AS var"],
-    # least squares over x = seconds since the first sample of the window (deriv) ...
-    "regress_first": ["fsum((ts - t_lo_first) / 1e3) AS sx", "fsum(value) AS sy",
-                      "fsum((ts - t_lo_first) / 1e3 * value) AS sxy",
-                      "fsum(((ts - t_lo_first) / 1e3) * ((ts - t_lo_first) / 1e3)) AS sx2",
-                      "arg_min(value, ts) AS y0",
-                      "(count(DISTINCT value) = 1 AND count(*) FILTER (WHERE isnan(value)) = 0)::INTEGER AS const_y"],
-    # ... or since the evaluation time (predict_linear)
-    "regress_eval": ["fsum((ts - t_eval) / 1e3) AS sx", "fsum(value) AS sy",
-                     "fsum((ts - t_eval) / 1e3 * value) AS sxy",
-                     "fsum(((ts - t_eval) / 1e3) * ((ts - t_eval) / 1e3)) AS sx2",
-                     "arg_min(value, ts) AS y0",
-                     "(count(DISTINCT value) = 1 AND count(*) FILTER (WHERE isnan(value)) = 0)::INTEGER AS const_y"],
     # values in Prometheus' sort order for quantile(): NaN first, then ascending
     "quantile": ["list_concat(list_filter(list(value), lambda x: isnan(x)), "
                  "list_sort(list_filter(list(value), lambda x: NOT isnan(x)))) AS qs"],
 }
 
 
+def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], lo: int,
+                   hi: int) -> Samples:
+    """Non-stale samples of the series in [lo, hi], sorted by (position of the series in sids, ts).
+
+    Example: sids [7, 3] -> the samples of series 7 first (rank 0), then those of series 3 (rank 1).
+    """
+    ids = _register(cur, pa.table({"sid": pa.array(sids, pa.uint32()),
+                                   "rank": pa.array(np.arange(len(sids)), pa.int64())}))
+    try:
+        sql = f"""
+            SELECT i.rank AS rank, s.ts AS ts, s.value AS value
+            FROM ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}) s
+            JOIN {ids} i ON s.series_id = i.sid
+            ORDER BY i.rank, s.ts"""
+        res = cur.execute(sql).fetchnumpy()
+    finally:
+        cur.unregister(ids)
+    return Samples(np.asarray(res["rank"], dtype=np.int64), np.asarray(res["ts"], dtype=np.int64),
+                   np.asarray(res["value"], dtype=np.float64))
+
+
 def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,
                       offset_ms: int, range_ms: int, wanted: list[str],
-                      quantile: float | None = None, eval_offset_ms: int = 0) -> dict[str, np.ndarray]:
+                      quantile: float | None = None) -> dict[str, np.ndarray]:
     """Aggregates over each (step, series) window [t-offset-range, t-offset]; one row per non-empty window.
 
-    Example: wanted=["n", "first", "last"] -> columns step, series_id, n, t0, v0, t1, v1.
+    Example: wanted=["n", "quantile"], quantile=0.5 -> columns step, series_id, n, q.
     """
     ref = grid.t_ms - offset_ms
     lo, hi = int(ref.min()) - range_ms, int(ref.max())
-    need_prev = any(w in wanted for w in ("prev_of_last", "reset_corr", "reset_list", "resets", "changes"))
     cols = [c for w in wanted for c in _WINDOW_AGGS[w]]
     steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
                                      "ref": pa.array(ref, pa.int64())}))
-    prev_cols = (", lag(value) OVER w AS prev, lag(ts) OVER w AS prev_ts" if need_prev else "")
-    window = " WINDOW w AS (PARTITION BY series_id ORDER BY ts)" if need_prev else ""
     try:
         inner = f"""
-            WITH raw AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}),
-                 s AS (SELECT ts, series_id, value{prev_cols} FROM raw{window}),
-                 j AS (SELECT g.step, s.*, g.ref + {int(eval_offset_ms)} AS t_eval,
-                              g.ref - {int(range_ms)} AS t_lo
-                       FROM {steps} g JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref)"""
-        if any("t_lo_first" in c for c in cols):
-            # deriv's x axis starts at the first sample of each window
-            inner += ", k AS (SELECT *, min(ts) OVER (PARTITION BY step, series_id) AS t_lo_first FROM j)"
-            src = "k"
-        else:
-            src = "j"
+            WITH s AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}),
+                 j AS (SELECT g.step, s.* FROM {steps} g
+                       JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref)"""
+        src = "j"
         sql = f"{inner} SELECT step, series_id, {', '.join(cols)} FROM {src} GROUP BY step, series_id"
         if quantile is not None and 0 <= quantile <= 1:
             # Prometheus' quantile(): rank q*(n-1), weights applied as lower*(1-w) + upper*w
@@ -160,26 +142,3 @@ def raw_window(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int]
     sql = (_filtered_samples(samples_sql, sids, hi - range_ms, hi, keep_stale=False)
            + " ORDER BY series_id, ts")
     return cur.execute(sql).fetchnumpy()
-
-
-def window_values(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,
-                  offset_ms: int, range_ms: int) -> dict[str, np.ndarray]:
-    """Every sample of every (step, series) window, numbered in time order: step, series_id, pos, value.
-
-    For functions whose Prometheus result depends on the order of floating-point operations
-    (avg/stddev/stdvar_over_time), so they can be replayed exactly, vectorised across windows.
-    """
-    ref = grid.t_ms - offset_ms
-    lo, hi = int(ref.min()) - range_ms, int(ref.max())
-    steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
-                                     "ref": pa.array(ref, pa.int64())}))
-    try:
-        sql = f"""
-            WITH s AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)})
-            SELECT g.step AS step, s.series_id AS series_id,
-                   (row_number() OVER (PARTITION BY g.step, s.series_id ORDER BY s.ts) - 1)::INTEGER AS pos,
-                   s.value AS value
-            FROM {steps} g JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref"""
-        return cur.execute(sql).fetchnumpy()
-    finally:
-        cur.unregister(steps)
