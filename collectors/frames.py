@@ -205,7 +205,7 @@ class ProcessProfile:
     samples: int
     class_samples: dict[str, int]
     top_frames: list[tuple[str, str, int]]  # (frame, class, samples), busy work first
-    main_thread: list[str] = field(default_factory=list)  # most sampled MainThread stack, leaf-most frames last
+    main_thread: list[str] = field(default_factory=list)  # most sampled MainThread stack, root first (64 leaf-most frames)
 
     def share(self, cls: str) -> float:
         """Fraction of all samples in class `cls`."""
@@ -274,4 +274,4 @@ def summarize(stacks: dict[str, int], pid: int = 0, role: str = "", top: int = 1
     top_frames = [(f, c, n) for (f, c), n in ranked[:top] if f]
     main_stack = list(main.most_common(1)[0][0]) if main else []
     return ProcessProfile(pid=pid, role=role, samples=sum(stacks.values()), class_samples=dict(class_samples),
-                          top_frames=top_frames, main_thread=main_stack[-8:])
+                          top_frames=top_frames, main_thread=main_stack[-64:])

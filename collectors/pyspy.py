@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -316,7 +317,6 @@ def find_py_spy(explicit: str | None = None) -> str | None:
     found = shutil.which("py-spy")
     if found:
         return found
-    import sys
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.exists() else None
 

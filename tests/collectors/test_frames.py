@@ -58,7 +58,7 @@ def test_idle_server_is_all_idle_wait():
 def test_stalled_engine_core_shows_where_it_is():
     profile = _dump("stall-dump-engine_core")
     where = " ".join(profile.main_thread)
-    assert "EngineCore.step (vllm/v1/engine/core.py" in where or "get_response" in where
+    assert "EngineCore.step (vllm/v1/engine/core.py" in where and "get_response" in where
     assert "MessageQueue.dequeue (vllm/distributed/device_communicators/shm_broadcast.py" in where
     assert profile.top_frames[0][1] == fr.COLLECTIVE
 
