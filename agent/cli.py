@@ -179,17 +179,23 @@ def status(db: Optional[Path] = DbOption, fmt: str = typer.Option("table", "--fo
 
 
 @app.command()
-def demo(seconds: int = typer.Option(60, help="how long the sidecar watches the real server"),
-         workdir: Optional[Path] = typer.Option(None, help="where the model, database and logs go")) -> None:
-    """The embedded default: a real vLLM CPU server with a tiny model, traffic, the sidecar, a diagnosis."""
-    from vllm_sentinel.agent.demo import DemoError, run_demo
+def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server: the same pipeline on a recorded real session"),
+         seconds: Optional[int] = typer.Option(None, help="hold each incident this long (default: long enough for the rules' `for`)"),
+         workdir: Optional[Path] = typer.Option(None, help="where databases, logs and reports go (default: ./vllm-sentinel-demo)")) -> None:
+    """The embedded default: a real vLLM CPU server, traffic that causes incidents, the sidecar, a diagnosis."""
+    from vllm_sentinel.agent.demo import DemoError, run_demo, run_replay_demo
     from vllm_sentinel.reports.console import render_diagnosis
 
+    say = lambda m: err.print(f"[cyan]==>[/] {m}", highlight=False)  # noqa: E731
     try:
-        doc = run_demo(seconds=seconds, workdir=workdir, say=lambda m: err.print(f"[cyan]==>[/] {m}", highlight=False))
+        doc = run_replay_demo(workdir, say) if replay else run_demo(seconds, workdir, say)
     except DemoError as e:
         raise fail(str(e)) from None
     render_diagnosis(out, doc, "table")
+    out.print(f"\nDatabase: {doc['database']}  (vllm-sentinel diagnose --db {doc['database']} --since 1h"
+              f"{' --until ' + doc['window']['end'] if replay else ''})", highlight=False)
+    for path in doc.get("reports", []):
+        out.print(f"Report: {path}", highlight=False)
 
 
 def _mount_command_modules() -> None:

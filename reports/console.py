@@ -1,25 +1,37 @@
-"""Terminal rendering (rich) of the diagnose document and the daemon status."""
+"""Terminal rendering (rich) of the diagnose document and the daemon status.
+
+Built to be read at 3 a.m. in an 80-column terminal: incidents first, one block each (what,
+where, when, the sentence to act on, the first fix), then health per instance as rows of signals.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from vllm_sentinel.reports.sparkline import sparkline
 
-SEVERITY_STYLE = {"critical": "bold red", "high": "red", "warning": "yellow", "info": "cyan"}
+SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "warning": "yellow", "info": "cyan"}
 
-# summary columns shown in the table: (signal, header, format)
-SUMMARY_COLUMNS = [
-    ("request_rate_per_s", "req/s", "{:.2f}"),
-    ("prompt_tokens_per_s", "prompt tok/s", "{:.1f}"),
-    ("generation_tokens_per_s", "gen tok/s", "{:.1f}"),
-    ("ttft_p50_seconds", "TTFT p50", "{:.3f}s"),
-    ("ttft_p95_seconds", "TTFT p95", "{:.3f}s"),
-    ("itl_p95_seconds", "ITL p95", "{:.3f}s"),
-    ("queue_time_p95_seconds", "queue p95", "{:.3f}s"),
-    ("kv_cache_usage_peak", "KV peak", "{:.0%}"),
-    ("preemptions", "preempt", "{:.0f}"),
+# health rows: (signal, label, format)
+SUMMARY_ROWS = [
+    ("scrapes_ok", "scrapes ok", "{:.0f}"),
+    ("request_rate_per_s", "requests/s", "{:.2f}"),
+    ("prompt_tokens_per_s", "prompt tokens/s", "{:.1f}"),
+    ("generation_tokens_per_s", "generated tokens/s", "{:.1f}"),
+    ("ttft_p50_seconds", "TTFT p50", "{:.3f} s"),
+    ("ttft_p95_seconds", "TTFT p95", "{:.3f} s"),
+    ("itl_p95_seconds", "inter-token p95", "{:.3f} s"),
+    ("queue_time_p50_seconds", "queue time p50", "{:.3f} s"),
+    ("queue_time_p95_seconds", "queue time p95", "{:.3f} s"),
+    ("e2e_p95_seconds", "end-to-end p95", "{:.3f} s"),
+    ("kv_cache_usage_peak", "KV cache peak", "{:.0%}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("running_peak", "running peak", "{:.0f}"),
+    ("waiting_peak", "waiting peak", "{:.0f}"),
+    ("gpu_util_avg_percent", "GPU util avg", "{:.0f} %"),
+    ("gpu_fb_used_peak_mib", "GPU memory peak", "{:.0f} MiB"),
 ]
 
 
@@ -28,54 +40,84 @@ def fmt_value(value: float | None, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
+def _clock(iso: str | None, day: str) -> str:
+    """'2026-11-29T10:00:05Z' -> '10:00:05' when on `day`, else the date too."""
+    if not iso:
+        return "now"
+    return iso[11:19] if iso[:10] == day else iso.replace("T", " ").rstrip("Z")
+
+
+def fix_line(fix: dict) -> str:
+    """'--max-num-seqs 256 -> 128' for a value change, the advice itself when there is no value."""
+    param, cur, new = fix.get("param", ""), fix.get("current"), fix.get("suggested")
+    if cur in (None, "", "None"):
+        return f"{param}: {new}" if new else param
+    return f"{param} {cur} -> {new}"
+
+
+def render_incidents(console: Console, incidents: list[dict], day: str) -> None:
+    """One block per incident, newest last."""
+    console.print(Text(f"{len(incidents)} incident(s)", style="bold"))
+    for inc in incidents:
+        sev = inc.get("severity", "")
+        head = Text()
+        head.append(f" {sev.upper()} ", style=SEVERITY_STYLE.get(sev, "bold"))
+        head.append(f" {inc.get('incident', '')} ", style="bold")
+        head.append(f"{inc.get('instance', '')}  ")
+        head.append(f"{_clock(inc.get('start'), day)} -> {_clock(inc.get('end'), day)}  {inc.get('state', '')}",
+                    style="dim")
+        console.print(head)
+        console.print(Text(f"   {inc.get('summary', '')}"))
+        fixes = inc.get("fixes") or []
+        if fixes:
+            console.print(Text(f"   fix: {fix_line(fixes[0])}", style="green"))
+        console.print(Text(f"   id {inc.get('id', '')}  (vllm-sentinel report {inc.get('id', '')[:12]})",
+                           style="dim"))
+
+
 def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:
     """Print incidents first (what to act on), then the per-instance health summary."""
     w = doc["window"]
-    console.print(f"[bold]vllm-sentinel diagnose[/]  {w['start']} .. {w['end']}  source {doc['source']}",
-                  highlight=False)
+    console.print(Text(f"vllm-sentinel diagnose  {w['start']} .. {w['end']}", style="bold"))
+    console.print(Text(f"source {doc['source']}", style="dim"))
+    day = w["end"][:10]
     incidents = doc.get("incidents", [])
     if incidents:
-        t = Table(title=f"{len(incidents)} incident(s)", title_justify="left")
-        for col in ("severity", "incident", "instance", "started", "state", "summary", "first fix"):
-            t.add_column(col, overflow="fold")
-        for i in incidents:
-            fix = (i.get("fixes") or [{}])[0]
-            first_fix = f"{fix.get('param', '')} {fix.get('current', '')} -> {fix.get('suggested', '')}".strip() \
-                if fix else ""
-            sev = i.get("severity", "")
-            t.add_row(f"[{SEVERITY_STYLE.get(sev, '')}]{sev}[/]", i.get("incident", ""), i.get("instance", ""),
-                      i.get("start", ""), i.get("state", ""), i.get("summary", ""), first_fix)
-        console.print(t)
+        render_incidents(console, incidents, day)
     else:
-        console.print("[green]no incidents in this window[/]")
+        console.print(Text("no incidents in this window", style="green"))
     summary = doc.get("summary", [])
-    if summary:
-        t = Table(title="health per instance", title_justify="left")
-        t.add_column("instance")
-        t.add_column("scrapes ok")
-        for _key, header, _f in SUMMARY_COLUMNS:
-            t.add_column(header, justify="right")
-        for s in summary:
-            sig = s["signals"]
-            scrapes, ok = sig.get("scrapes"), sig.get("scrapes_ok")
-            health = f"{ok:.0f}/{scrapes:.0f}" if scrapes else "-"
-            t.add_row(s["instance"], health, *[fmt_value(sig.get(k), f) for k, _h, f in SUMMARY_COLUMNS])
-        console.print(t)
-        for s in summary:
-            trends = s.get("trends") or {}
-            if any(v is not None for vs in trends.values() for v in vs):
-                t = Table(title=f"{s['instance']} over the window", title_justify="left", show_header=True)
-                t.add_column("signal")
-                t.add_column("trend")
-                t.add_column("peak", justify="right")
-                for key, values in trends.items():
-                    present = [v for v in values if v is not None]
-                    if not present:
-                        continue
+    if not summary:
+        return
+    t = Table(title="health over the window", title_justify="left")
+    t.add_column("signal")
+    for s in summary:
+        t.add_column(s["instance"], justify="right")
+    for key, label, pattern in SUMMARY_ROWS:
+        values = [s["signals"].get(key) for s in summary]
+        if key == "scrapes_ok":
+            cells = [f"{fmt_value(s['signals'].get('scrapes_ok'), '{:.0f}')}/"
+                     f"{fmt_value(s['signals'].get('scrapes'), '{:.0f}')}" for s in summary]
+        elif all(v is None for v in values):
+            continue  # a signal nobody exports (no GPU, old vLLM): not a row of dashes
+        else:
+            cells = [fmt_value(v, pattern) for v in values]
+        t.add_row(label, *cells)
+    console.print(t)
+    for s in summary:
+        trends = s.get("trends") or {}
+        if any(v is not None for vs in trends.values() for v in vs):
+            t = Table(title=f"{s['instance']} over the window", title_justify="left")
+            t.add_column("signal")
+            t.add_column("trend", no_wrap=True)
+            t.add_column("peak", justify="right")
+            for key, values in trends.items():
+                present = [v for v in values if v is not None]
+                if present:
                     t.add_row(key, sparkline(values), f"{max(present):.3g}")
-                console.print(t)
-            if s.get("last_error"):
-                console.print(f"[yellow]{s['instance']}[/]: last scrape error: {s['last_error']}", highlight=False)
+            console.print(t)
+        if s.get("last_error"):
+            console.print(Text(f"{s['instance']}: last scrape error: {s['last_error']}", style="yellow"))
 
 
 def render_status(console: Console, doc: dict) -> None:
@@ -88,3 +130,5 @@ def render_status(console: Console, doc: dict) -> None:
         state = "[green]ok[/]" if c["ok"] else "[red]failing[/]"
         t.add_row(c["name"], state, c.get("error") or ", ".join(f"{k}={v}" for k, v in (c.get("detail") or {}).items()))
     console.print(t)
+    for path in doc.get("reports") or []:
+        console.print(f"report: {path}", highlight=False)
