@@ -481,7 +481,7 @@ class Engine:
         else:
             samples = sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi)
             ref = ctx.grid.t_ms - offset
-            win = windows.locate(samples, len(sids), ref, rng)
+            win = windows.locate(samples, ref, rng)
             rows, steps = win.rows, win.steps
             values, good = windows.range_function(
                 name, samples, win, ctx.grid.t_ms[steps], ref[steps] - rng, ref[steps], rng / 1000,

@@ -85,23 +85,23 @@ _WINDOW_AGGS: dict[str, list[str]] = {
 
 def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], lo: int,
                    hi: int) -> Samples:
-    """Non-stale samples of the series in [lo, hi], sorted by (position of the series in sids, ts).
+    """Non-stale samples of the series in [lo, hi], sorted by (series id, ts); Samples.rows maps back to sids.
 
-    Example: sids [7, 3] -> the samples of series 7 first (rank 0), then those of series 3 (rank 1).
+    Example: sids [7, 3] -> the samples of series 3 first (rank 0, row 1), then those of series 7 (rank 1, row 0).
     """
-    ids = _register(cur, pa.table({"sid": pa.array(sids, pa.uint32()),
-                                   "rank": pa.array(np.arange(len(sids)), pa.int64())}))
-    try:
-        sql = f"""
-            SELECT i.rank AS rank, s.ts AS ts, s.value AS value
-            FROM ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}) s
-            JOIN {ids} i ON s.series_id = i.sid
-            ORDER BY i.rank, s.ts"""
-        res = cur.execute(sql).fetchnumpy()
-    finally:
-        cur.unregister(ids)
-    return Samples(np.asarray(res["rank"], dtype=np.int64), np.asarray(res["ts"], dtype=np.int64),
-                   np.asarray(res["value"], dtype=np.float64))
+    res = cur.execute(_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)).fetchnumpy()
+    by_sid = np.argsort(np.asarray(sids, dtype=np.int64), kind="stable")
+    sorted_sids = np.asarray(sids, dtype=np.int64)[by_sid]
+    rank = np.searchsorted(sorted_sids, np.asarray(res["series_id"], dtype=np.int64))
+    ts = np.asarray(res["ts"], dtype=np.int64)
+    val = np.asarray(res["value"], dtype=np.float64)
+    # closed partitions are stored sorted by (series_id, ts) and scans keep that order, so the rows come
+    # as a few sorted runs (one per hourly partition): a stable sort (timsort) merges them cheaply
+    key = rank * (hi - lo + 1) + (ts - lo)
+    if len(key) > 1 and not (key[1:] >= key[:-1]).all():
+        order = np.argsort(key, kind="stable")
+        rank, ts, val = rank[order], ts[order], val[order]
+    return Samples(rank, ts, val, by_sid)
 
 
 def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,

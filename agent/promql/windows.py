@@ -29,18 +29,19 @@ from vllm_sentinel.agent.promql import functions as fn
 
 @dataclass
 class Samples:
-    """Non-stale samples of the selected series, sorted by (rank, ts); rank = series' row in the query."""
+    """Non-stale samples of the selected series, sorted by (rank, ts); series `rank` is row rows[rank] of the query."""
 
     rank: np.ndarray  # int64, ascending
     ts: np.ndarray  # int64
     val: np.ndarray  # float64
+    rows: np.ndarray  # int64: query row of each rank
 
 
 @dataclass
 class Windows:
     """The non-empty (step, series) windows: sample index interval [a, b] into Samples."""
 
-    rows: np.ndarray  # series row of each window
+    rows: np.ndarray  # query row (position in the selector's series list) of each window
     steps: np.ndarray  # step of each window
     a: np.ndarray  # first sample index
     b: np.ndarray  # last sample index (inclusive)
@@ -51,7 +52,7 @@ class Windows:
         return self.b - self.a + 1
 
 
-def locate(s: Samples, n_rows: int, refs: np.ndarray, range_ms: int) -> Windows:
+def locate(s: Samples, refs: np.ndarray, range_ms: int) -> Windows:
     """Windows [ref - range, ref] (both ends closed) of every series row and step, empty ones dropped.
 
     Example: one series with samples at 0, 1000, 2000 ms, ref 2000, range 1000 -> a=1, b=2.
@@ -63,14 +64,14 @@ def locate(s: Samples, n_rows: int, refs: np.ndarray, range_ms: int) -> Windows:
     span = max(int(s.ts.max()), int(refs.max())) - lo + 2
     # one sorted key over all series: rank * span + (ts - lo); a window is a key interval
     key = s.rank * span + (s.ts - lo)
-    row_base = (np.arange(n_rows, dtype=np.int64) * span)[:, None]
+    row_base = (np.arange(len(s.rows), dtype=np.int64) * span)[:, None]
     lower = row_base + (refs - range_ms - lo)[None, :]
     upper = row_base + (refs - lo)[None, :]
     a = np.searchsorted(key, lower.ravel(), side="left")
     end = np.searchsorted(key, upper.ravel(), side="right")
     live = np.nonzero(end > a)[0]
     n_steps = len(refs)
-    return Windows(live // n_steps, live % n_steps, a[live], end[live] - 1)
+    return Windows(s.rows[live // n_steps], live % n_steps, a[live], end[live] - 1)
 
 
 def _pair_prefix(s: Samples, pair: np.ndarray) -> np.ndarray:
@@ -97,18 +98,35 @@ def _live_order(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, live
 
 
-def _kahan_sums(s: Samples, w: Windows, k: int, terms) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Kahan-Neumaier sums (sum, c) per window of the k terms(values, ts, live windows), in time order."""
+def _kahan_sums(s: Samples, w: Windows, k: int, terms, ref: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Kahan-Neumaier sums (sum, c) per window of the k terms(values, ts, ref of the live windows), in time order.
+
+    Same operations as functions.kahan_inc (Prometheus' kahanSumInc), done in place on the live windows.
+    """
     n = w.n
     order, live = _live_order(n)
     a = w.a[order]
-    sums = [(np.zeros(len(n)), np.zeros(len(n))) for _ in range(k)]
-    for pos, count in enumerate(live.tolist()):
-        idx = a[:count] + pos
-        incs = terms(s.val[idx], s.ts[idx], order[:count])
-        for (total, c), inc in zip(sums, incs):
-            t, c2 = fn.kahan_inc(inc, total[:count], c[:count])
-            total[:count], c[:count] = t, c2
+    ref_sorted = ref[order] if ref is not None else None
+    m = len(n)
+    sums = [(np.zeros(m), np.zeros(m)) for _ in range(k)]
+    t, big, corr, alt = np.empty(m), np.empty(m, dtype=bool), np.empty(m), np.empty(m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for pos, count in enumerate(live.tolist()):
+            idx = a[:count] + pos
+            incs = terms(s.val[idx], s.ts[idx], ref_sorted[:count] if ref_sorted is not None else None)
+            tk, bk, ck, ak = t[:count], big[:count], corr[:count], alt[:count]
+            for (total, c), inc in zip(sums, incs):
+                tot = total[:count]
+                np.add(tot, inc, out=tk)
+                np.greater_equal(np.abs(tot), np.abs(inc), out=bk)
+                np.subtract(tot, tk, out=ck)  # big: (sum - t) + inc
+                ck += inc
+                np.subtract(inc, tk, out=ak)  # else: (inc - t) + sum
+                ak += tot
+                np.copyto(ck, ak, where=~bk)
+                c[:count] += ck
+                tot[...] = tk
     # back to window order
     out = []
     for total, c in sums:
@@ -201,7 +219,7 @@ def range_function(name: str, s: Samples, w: Windows, t_eval: np.ndarray, range_
         return (prefix[b] - prefix[a]).astype(np.float64), ones
     if name in ("deriv", "predict_linear"):
         t_ref = s.ts[a] if name == "deriv" else t_eval
-        sums = _kahan_sums(s, w, 4, lambda v, ts, live: _regression_terms(v, ts, t_ref[live]))
+        sums = _kahan_sums(s, w, 4, _regression_terms, ref=t_ref)
         sx, sy, sxy, sx2 = (total + c for total, c in sums)
         nf = n.astype(np.float64)
         with np.errstate(all="ignore"):
@@ -218,7 +236,7 @@ def range_function(name: str, s: Samples, w: Windows, t_eval: np.ndarray, range_
     if name in ("avg_over_time", "stddev_over_time", "stdvar_over_time"):
         return _sequential(name, s, w), ones
     if name == "sum_over_time":
-        ((total, c),) = _kahan_sums(s, w, 1, lambda v, ts, live: (v,))
+        ((total, c),) = _kahan_sums(s, w, 1, lambda v, ts, ref: (v,))
         with np.errstate(invalid="ignore"):
             return np.where(np.isinf(total), total, total + c), ones
     if name in ("min_over_time", "max_over_time"):
