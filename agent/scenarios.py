@@ -118,8 +118,12 @@ def healthy_plan(seconds: float) -> TrafficPlan:
 
 
 def queue_plan(seconds: float) -> TrafficPlan:
-    """12 clients of short requests (under 128 tokens: one KV block each) for 4 sequence slots."""
-    return TrafficPlan(requests=None, duration_s=seconds, concurrency=12, prompt_tokens=12, max_tokens=100,
+    """32 clients of short requests (under 128 tokens: one KV block each) for 4 sequence slots.
+
+    Each request waits for about (32 - 4) / 4 = 7 service times; at 12 clients the queue-time p95
+    measured 1.5 s on a 2-core host, too close to the rule's 1 s for a faster machine.
+    """
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=32, prompt_tokens=12, max_tokens=100,
                        seed=12)
 
 
@@ -130,8 +134,9 @@ def kv_pressure_plan(seconds: float) -> TrafficPlan:
 
 
 def stall_plan(seconds: float) -> TrafficPlan:
-    """Two clients of medium requests, so requests are running when the engine freezes."""
-    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=200,
+    """Two clients of long requests (32+400 tokens, 4 blocks each: both fit), so requests are running
+    when the engine freezes."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=400,
                        seed=14, request_timeout_s=seconds + 120)
 
 
@@ -215,9 +220,49 @@ def kv_cache_pressure(server: VllmServer, seconds: float | None = None, say: Say
                           kv_pressure_plan(seconds or DEFAULT_HOLD_S["kv_cache_pressure"]), say)
 
 
+def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float]:
+    """vLLM's scheduler gauges as the API server reports them now, summed over engines (0 when absent)."""
+    import urllib.request
+
+    from vllm_sentinel.collectors.exposition import parse
+
+    with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL
+        parsed = parse(resp.read().decode("utf-8", errors="replace"), strict=False)
+    out = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting"), 0.0)
+    for name, value in zip(parsed.names, parsed.values):
+        if name in out and value is not None:
+            out[name] += value
+    return out
+
+
+def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40) -> dict[str, float]:
+    """SIGSTOP `pid` at a moment the engine has reported running requests; return the gauges it froze with.
+
+    vLLM's gauges change only when the engine reports a step, and requests sent to a frozen engine
+    never reach its scheduler: a freeze that lands between two requests shows nothing in flight.
+    So stop, read the gauges the API server now holds for good, and when no request is running,
+    resume for a moment and try again (bounded). The process is left stopped on success, running
+    on failure.
+    """
+    for _ in range(attempts):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)  # outputs the engine sent before the stop are still being processed
+            gauges = engine_gauges(server)
+        except BaseException:
+            os.kill(pid, signal.SIGCONT)
+            raise
+        if gauges["vllm:num_requests_running"] > 0:
+            return gauges
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.4)
+    raise ScenarioError(f"EngineCore pid {pid} never had a running request in {attempts} tries: is traffic "
+                        f"reaching {server.url}? (log {server.log_path})")
+
+
 def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _quiet,
-                 warmup_s: float = 8.0) -> ScenarioRun:
-    """Freeze the EngineCore (SIGSTOP) with requests in flight for `seconds`, then SIGCONT it.
+                 warmup_s: float = 4.0) -> ScenarioRun:
+    """Freeze the EngineCore (SIGSTOP) with requests running for `seconds`, then SIGCONT it.
 
     The API server keeps answering /metrics, so the sidecar sees running requests and flat token
     counters. The engine is always resumed, even when the wait is interrupted.
@@ -227,12 +272,13 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
     run = ScenarioRun("engine_stall", "engine_stall", now_ms(), detail={"engine_core_pid": pid})
     run.mark("load")
     say(f"engine_stall: traffic for {warmup_s:.0f} s, then SIGSTOP EngineCore pid {pid} for {stall_s:.0f} s")
-    load = BackgroundTraffic(server.url, server.model_name, stall_plan(warmup_s + stall_s)).start()
+    load = BackgroundTraffic(server.url, server.model_name, stall_plan(warmup_s + stall_s + 10)).start()
     try:
         time.sleep(warmup_s)
-        run.mark("stopped")
-        os.kill(pid, signal.SIGSTOP)
+        gauges = freeze_with_requests_running(server, pid)
         try:
+            run.mark("stopped")
+            run.detail["frozen_with"] = gauges
             run.detail["state_while_stopped"] = process_state(pid)
             time.sleep(stall_s)
         finally:
