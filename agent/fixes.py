@@ -453,6 +453,33 @@ def ttft_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -
                f"{_n(suggested)} (the prompt rounded up to 1024, at most {_n(MAX_BATCHED_TOKENS)}) prefills it in one")
 
 
+# -- engine_stall ----------------------------------------------------------------------------------
+
+# vLLM 0.32 envs.py: VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, how long the multiprocess executor waits for
+# one model step before it fails the engine (v1/executor/multiproc_executor.py uses it)
+EXECUTE_MODEL_TIMEOUT_DEFAULT_S = 300
+STALL_TIMEOUT_FLOOR_S = 60
+
+
+@fix("engine_stall")
+def stall_execute_timeout(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Shorten vLLM's step timeout so a hung step fails (and gets restarted) instead of hanging for minutes."""
+    param = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+    current = cfg.get("execute_model_timeout_s", EXECUTE_MODEL_TIMEOUT_DEFAULT_S)
+    itl = _num(evidence, "itl_p99_seconds")
+    # far above any healthy step: ten times the slowest inter-token gap seen, never under a minute
+    suggested = max(STALL_TIMEOUT_FLOOR_S, math.ceil(10 * itl) if itl else 0)
+    if suggested >= current:
+        return None
+    basis = (f"10 x the p99 inter-token latency {itl:.3g} s, at least {STALL_TIMEOUT_FLOOR_S} s" if itl
+             else f"at least {STALL_TIMEOUT_FLOOR_S} s, far above a healthy step")
+    return Fix(param, str(current), str(suggested),
+               f"the engine made no progress with requests in flight; vLLM waits {current} s for a hung step "
+               f"before it fails the engine. {suggested} s ({basis}) turns a hang into a crash that the "
+               "orchestrator restarts, and the requests fail fast instead of waiting; capture the EngineCore "
+               "stacks first (vllm-sentinel capture) to see where it waits")
+
+
 # -- the incidents hook --------------------------------------------------------------------------------
 
 def _register_with_incidents() -> None:

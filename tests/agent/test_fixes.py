@@ -161,3 +161,12 @@ def test_plain_mapping_config_works():
     assert f.suggested == "128"
     with pytest.raises(KeyError):
         compute("no_such_fix", {}, {})
+
+
+def test_engine_stall_shortens_the_step_timeout_from_vllms_default():
+    from vllm_sentinel.agent.fixes import compute
+    f = compute("engine_stall", {}, {"itl_p99_seconds": 0.02})
+    assert (f.param, f.current, f.suggested) == ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300", "60")
+    slow = compute("engine_stall", {}, {"itl_p99_seconds": 12.0})  # a slow model: 10 x its worst gap
+    assert slow.suggested == "120"
+    assert compute("engine_stall", {"execute_model_timeout_s": 60}, {}) is None  # already short: not the lever
