@@ -71,9 +71,9 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-def start_daemon(db: Path, *targets: str) -> subprocess.Popen:
+def start_daemon(db: Path, *targets: str, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     args = [sys.executable, "-m", "vllm_sentinel", "run", "--db", str(db), "--interval", "0.5s",
-            "--scrape-timeout", "1s", "--metrics-port", "0"]
+            "--scrape-timeout", "1s", "--metrics-port", "0", *extra]
     for t in targets:
         args += ["--target", t]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -225,30 +225,32 @@ def test_diagnose_finds_an_incident_in_an_ingested_dump_with_the_operators_rules
     assert inc["state"] == "resolved"
 
 
-def test_the_daemon_writes_a_report_when_an_incident_fires(tmp_path):
+DOWN_RULE = (
+    "groups:\n- name: g\n  rules:\n  - alert: Down\n    expr: up == 0\n    for: 1s\n"
+    "    labels: {incident: target_down, severity: critical}\n"
+    "    annotations: {summary: '{{ $labels.instance }} does not answer'}\n"
+    "    evidence:\n    - {signal: up, expr: up, threshold: 1, unit: ''}\n")
+
+
+def daemon_with_a_report(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path, list[str]]:
+    """A daemon watching a dead port with a 1 s `up == 0` rule, once its first report is written."""
     rules = tmp_path / "down.yaml"
-    rules.write_text(
-        "groups:\n- name: g\n  rules:\n  - alert: Down\n    expr: up == 0\n    for: 1s\n"
-        "    labels: {incident: target_down, severity: critical}\n"
-        "    annotations: {summary: '{{ $labels.instance }} does not answer'}\n"
-        "    evidence:\n    - {signal: up, expr: up, threshold: 1, unit: ''}\n")
+    rules.write_text(DOWN_RULE)
     db = tmp_path / "s.duckdb"
-    args = [sys.executable, "-m", "vllm_sentinel", "run", "--target", "http://127.0.0.1:9", "--db", str(db),
-            "--interval", "0.5s", "--eval-interval", "1s", "--rules", str(rules), "--metrics-port", "0"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        reports = []
-        while time.monotonic() < deadline and not reports:
-            time.sleep(0.5)
-            try:
-                reports = api.call(socket_path_for(db), "/v1/status")["reports"]
-            except api.ApiError:
-                assert proc.poll() is None, proc.stderr.read()
-        assert reports, "no report was written"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    proc = start_daemon(db, "http://127.0.0.1:9", extra=("--eval-interval", "1s", "--rules", str(rules)))
+    deadline = time.monotonic() + 60
+    reports: list[str] = []
+    while time.monotonic() < deadline and not reports:
+        time.sleep(0.5)
+        reports = api.call(socket_path_for(db), "/v1/status")["reports"]
+    return proc, db, rules, reports
+
+
+def test_the_daemon_writes_a_report_when_an_incident_fires(tmp_path):
+    proc, db, _rules, reports = daemon_with_a_report(tmp_path)
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert reports, "no report was written"
     md = Path(reports[0])
     assert md.parent.parent == tmp_path / "s.duckdb.reports"
     text = md.read_text()
@@ -257,25 +259,8 @@ def test_the_daemon_writes_a_report_when_an_incident_fires(tmp_path):
 
 
 def test_markdown_diagnosis_and_report_while_the_daemon_holds_the_file(tmp_path):
-    rules = tmp_path / "down.yaml"
-    rules.write_text(
-        "groups:\n- name: g\n  rules:\n  - alert: Down\n    expr: up == 0\n    for: 1s\n"
-        "    labels: {incident: target_down, severity: critical}\n"
-        "    annotations: {summary: '{{ $labels.instance }} does not answer'}\n"
-        "    evidence:\n    - {signal: up, expr: up, threshold: 1, unit: ''}\n")
-    db = tmp_path / "s.duckdb"
-    args = [sys.executable, "-m", "vllm_sentinel", "run", "--target", "http://127.0.0.1:9", "--db", str(db),
-            "--interval", "0.5s", "--eval-interval", "1s", "--rules", str(rules), "--metrics-port", "0"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, db, rules, _reports = daemon_with_a_report(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            try:
-                if api.call(socket_path_for(db), "/v1/status")["reports"]:
-                    break
-            except api.ApiError:
-                assert proc.poll() is None, proc.stderr.read()
         res = cli("diagnose", "--since", "2m", "--db", str(db), "--rules", str(rules), "--format", "markdown")
         assert res.returncode == 0, res.stderr
         assert res.stdout.startswith("# vllm-sentinel diagnosis")
