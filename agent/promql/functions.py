@@ -185,39 +185,6 @@ SIMPLE_MATH = {
 }
 
 
-def sequential_over_time(name: str, vals: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """avg/stddev/stdvar_over_time replayed as Prometheus 2.42 does (Kahan-compensated, in time order).
-
-    vals is (windows x longest window), row w holding its counts[w] values first; the loop runs over
-    positions in a window, each step vectorised across all windows.
-    """
-    w = vals.shape[0]
-    count = np.zeros(w)
-    mean, c = np.zeros(w), np.zeros(w)
-    aux, c_aux = np.zeros(w), np.zeros(w)
-    with np.errstate(all="ignore"):
-        for pos in range(vals.shape[1]):
-            live = pos < counts
-            v = vals[:, pos]
-            count = np.where(live, count + 1, count)
-            if name == "avg_over_time":
-                inf = np.isinf(mean)
-                skip = inf & ((np.isinf(v) & ((mean > 0) == (v > 0))) | (~np.isinf(v) & ~np.isnan(v)))
-                upd = live & ~skip
-                m2, c2 = kahan_inc(v / count - mean / count, mean, c)
-                mean, c = np.where(upd, m2, mean), np.where(upd, c2, c)
-            else:
-                delta = v - (mean + c)
-                m2, c2 = kahan_inc(delta / count, mean, c)
-                a2, ca2 = kahan_inc(delta * (v - (m2 + c2)), aux, c_aux)
-                mean, c = np.where(live, m2, mean), np.where(live, c2, c)
-                aux, c_aux = np.where(live, a2, aux), np.where(live, ca2, c_aux)
-        if name == "avg_over_time":
-            return np.where(np.isinf(mean), mean, mean + c)
-        var = (aux + c_aux) / count
-        return np.sqrt(var) if name == "stddev_over_time" else var
-
-
 def bucket_quantile_steps(q: np.ndarray, bounds: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """bucket_quantile for many steps at once: counts is (buckets x steps), q one value per step.
 

@@ -137,7 +137,7 @@ def _kahan_sums(s: Samples, w: Windows, k: int, terms, ref: np.ndarray | None = 
 
 
 def _sequential(name: str, s: Samples, w: Windows) -> np.ndarray:
-    """avg/stddev/stdvar_over_time as Prometheus 2.42 folds them (see functions.sequential_over_time)."""
+    """avg/stddev/stdvar_over_time as Prometheus 2.42 folds them: Kahan-compensated, in time order."""
     n = w.n
     order, live = _live_order(n)
     a = w.a[order]
