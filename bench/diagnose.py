@@ -39,12 +39,13 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         db = Path(d) / "hour.duckdb"
-        t0 = (1_795_000_000_000 // HOUR_MS) * HOUR_MS
+        # a recent hour: the daemon started below applies its 7-day retention to what it opens
+        t0 = (int(time.time() * 1000) // HOUR_MS - 2) * HOUR_MS
         payloads = advancing_payloads(PAYLOAD.read_text(), 120)
         with Store.open(db) as store:
             for tick in range(3600):
                 store.append_many(tick_batches(payloads[tick % len(payloads)], t0 + tick * 1000, 1))
-            store.sort_closed(t0 + 2 * HOUR_MS)
+            store.sort_closed(t0 + 2 * HOUR_MS - 1)
             n = store.con.execute("SELECT count(*) FROM samples").fetchone()[0]
         until = str((t0 + 3600 * 1000) / 1000)
         args = ["diagnose", "--since", "1h", "--until", until, "--db", str(db), "--format", "json"]
