@@ -115,11 +115,17 @@ def run_instance(doc: dict) -> str:
     return doc["instances"][0]
 
 
+# Connection-level failures of the stdlib client: at 32 clients it reuses keep-alive connections the
+# server has just closed (5% of requests measured); the server itself never answered with an error.
+_CLIENT_RACES = ("BrokenPipeError", "ConnectionResetError", "RemoteDisconnected")
+
+
 def assert_traffic_served(run: ScenarioRun) -> None:
-    """The load really ran: requests succeeded, and at most 1% failed (a keep-alive race of the client)."""
+    """The load really ran: 90% of requests succeeded, and no failure was an HTTP error of the server."""
     t = run.traffic
     assert t is not None and t.ok > 0, run.as_dict()
-    assert t.failed <= max(1, t.sent // 100), t.errors
+    assert t.failed <= max(1, t.sent // 10), t.errors
+    assert all(any(r in e for r in _CLIENT_RACES) for e in t.errors), t.errors
 
 
 def measured(record_property: Callable[[str, object], None], run: ScenarioRun, doc: dict) -> None:
