@@ -11,9 +11,13 @@ the py-spy runs themselves used (the robust figure on a busy machine). No assert
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -27,38 +31,40 @@ from vllm_sentinel.collectors.process import discover
 errors: set[str] = set()
 
 
-def capture_loop(server: VllmServer, kind: str, every_s: float, record_s: int, stop: threading.Event,
-                 counts: dict[str, int]) -> None:
-    """Capture all vLLM processes every `every_s` seconds until `stop` is set."""
-    procs = discover(server.url)
+def capture_loop(url: str, kind: str, every_s: float, record_s: int) -> None:
+    """Child-process entry (the sidecar's place): capture every `every_s` s until SIGTERM, then print counts as JSON."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    procs = discover(url)
     spy = ps.PySpy()
+    counts: dict[str, object] = {"captures": 0, "failed": 0, "errors": []}
     while not stop.wait(every_s):
-        tc = ps.capture_target(server.url, spy, procs, instance=server.instance, kind=kind, duration_s=record_s)
-        counts["captures"] += 1
+        tc = ps.capture_target(url, spy, procs, instance=url, kind=kind, duration_s=record_s)
+        counts["captures"] += 1  # type: ignore[operator]
         for c in tc.captures:
             if not c.ok:
-                counts["failed"] += 1
-                errors.add(f"{c.role} {c.kind}: {c.status}: {c.error}")
+                counts["failed"] += 1  # type: ignore[operator]
+                counts["errors"].append(f"{c.role} {c.kind}: {c.status}: {c.error}")  # type: ignore[union-attr]
+    counts["pyspy_cpu_ms"] = int(1000 * _children_cpu_s())
+    print(json.dumps(counts), flush=True)
 
 
 def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_s: int) -> tuple[float, dict[str, int]]:
     """Output tokens per second over one bounded traffic phase in `mode` (baseline|dump|record)."""
-    stop = threading.Event()
-    counts = {"captures": 0, "failed": 0}
-    children_before = _children_cpu_s()
-    thread = None
+    counts: dict[str, int] = {"captures": 0, "failed": 0}
+    loop = None
     if mode != "baseline":
-        kind = ps.KIND_DUMP if mode == "dump" else ps.KIND_RECORD
-        thread = threading.Thread(target=capture_loop, args=(server, kind, every_s, record_s, stop, counts),
-                                  daemon=True)
-        thread.start()
+        # a separate process, as the sidecar is: captures never share the load generator's GIL
+        loop = subprocess.Popen([sys.executable, __file__, "--capture-loop", server.url, mode, str(every_s),
+                                 str(record_s)], stdout=subprocess.PIPE, text=True)
     plan = TrafficPlan(requests=100_000, duration_s=seconds, concurrency=4, prompt_tokens=64, max_tokens=32)
     result = run_traffic(server.url, server.model_name, plan)
-    stop.set()
-    if thread is not None:
-        thread.join(60)
-    # py-spy runs are our only reaped children: their CPU is what the captures took from the machine
-    counts["pyspy_cpu_ms"] = int(1000 * (_children_cpu_s() - children_before))
+    if loop is not None:
+        loop.terminate()
+        out, _ = loop.communicate(timeout=120)
+        got = json.loads(out.strip().splitlines()[-1])
+        errors.update(got.pop("errors"))
+        counts.update(got)
     counts["elapsed_ms"] = int(1000 * result.elapsed_s)
     return result.completion_tokens / result.elapsed_s, counts
 
@@ -77,7 +83,12 @@ def main() -> None:
     ap.add_argument("--every-s", type=float, default=3.0, help="seconds between captures")
     ap.add_argument("--record-s", type=int, default=1, help="length of each py-spy record")
     ap.add_argument("--modes", default="baseline,dump,record", help="comma-separated phases per round")
+    ap.add_argument("--capture-loop", nargs=4, metavar=("URL", "KIND", "EVERY_S", "RECORD_S"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.capture_loop:
+        url, kind, every_s, record_s = args.capture_loop
+        capture_loop(url, kind, float(every_s), int(record_s))
+        return
 
     server = VllmServer(VllmServerConfig(model_dir=build_tiny_model(), max_num_seqs=8, max_model_len=512),
                         startup_timeout_s=900)  # a busy 2-core machine can take minutes
