@@ -104,7 +104,10 @@ def scenario_server_config(model_dir: Path, **overrides: object) -> VllmServerCo
     """The engine settings every scenario is tuned for (fields of VllmServerConfig may be overridden)."""
     kw: dict[str, object] = {"max_num_seqs": SCENARIO_MAX_NUM_SEQS,
                              "num_gpu_blocks_override": SCENARIO_NUM_GPU_BLOCKS,
-                             "max_model_len": SCENARIO_MAX_MODEL_LEN}
+                             "max_model_len": SCENARIO_MAX_MODEL_LEN,
+                             # 32 queueing clients on a busy host lost 5-10% of requests to connections the
+                             # server closed at its 5 s keep-alive; no incident depends on this setting
+                             "extra_env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}}
     kw.update(overrides)
     return VllmServerConfig(model_dir=model_dir, **kw)  # type: ignore[arg-type]
 

@@ -147,8 +147,8 @@ def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]
     run = scenarios.queue_blocking(running(rig))
     doc = diagnose(rig, run)
     measured(record_property, run, doc)
-    assert_traffic_served(run)
     found = assert_labelled_with_fix(doc, run)
+    assert_traffic_served(run)
     # requests queued while 4 sequences ran: the fix is about --max-num-seqs or replicas, from the live config
     params = {f["param"] for i in found for f in i["fixes"]}
     assert params & {"--max-num-seqs", "replicas"}, params
@@ -158,8 +158,8 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
     run = scenarios.kv_cache_pressure(running(rig))
     doc = diagnose(rig, run)
     measured(record_property, run, doc)
-    assert_traffic_served(run)
     found = assert_labelled_with_fix(doc, run)
+    assert_traffic_served(run)
     fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
     # 8 blocks x 128 tokens cannot hold 4 requests of ~400 tokens: fewer sequences, from the real config
     assert fixes and all(f["current"] == "4" and int(f["suggested"]) < 4 for f in fixes), fixes
