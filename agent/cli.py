@@ -179,6 +179,41 @@ def status(db: Optional[Path] = DbOption, fmt: str = typer.Option("table", "--fo
 
 
 @app.command()
+def capture(target: str = typer.Option(..., "--target", "-t", help="the vLLM server URL whose processes to sample"),
+            record: Optional[int] = typer.Option(None, "--record", help="sample for this many seconds instead of one dump"),
+            db: Optional[Path] = DbOption,
+            fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Stacks of the vLLM processes now (py-spy --nonblocking: the server is never paused)."""
+    from vllm_sentinel.agent.captures import capture_and_store
+    from vllm_sentinel.agent.store import Store, StoreError
+    from vllm_sentinel.reports.console import render_capture
+
+    kind, seconds = ("record", record) if record else ("dump", 3)
+    params = {"target": target, "kind": kind, "duration_s": seconds}
+    try:  # a daemon beside vLLM captures and stores it with its incidents
+        doc = api.call(socket_path_for(_db(db)), "/v1/capture", params, timeout=seconds + 60)
+        doc["stored_in"] = f"daemon:{_db(db)}"
+    except api.DaemonNotRunning:
+        doc = None
+    except api.ApiError as e:
+        raise fail(str(e)) from None
+    if doc is None:
+        try:
+            with Store.open(_db(db)) as store:
+                doc = capture_and_store(store, target, kind, seconds)
+                doc["stored_in"] = str(_db(db))
+        except StoreError as e:
+            err.print(f"[yellow]not stored:[/] {e}", highlight=False)
+            doc = capture_and_store(None, target, kind, seconds)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render_capture(out, doc)
+    if doc["status"] not in ("ok", "truncated"):
+        raise fail(doc.get("error") or doc["status"])
+
+
+@app.command()
 def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server: the same pipeline on a recorded real session"),
          seconds: Optional[int] = typer.Option(None, help="hold each incident this long (default: long enough for the rules' `for`)"),
          workdir: Optional[Path] = typer.Option(None, help="where databases, logs and reports go (default: ./vllm-sentinel-demo)")) -> None:

@@ -84,3 +84,12 @@ def daemon_route_report(rules: list | None = None):
 def status_via_daemon(db: str | Path) -> dict:
     """The daemon's status; raises api.DaemonNotRunning when none owns `db`."""
     return api.call(socket_path_for(db), "/v1/status")
+
+
+def daemon_route_capture():
+    """The daemon's /v1/capture handler: it runs beside vLLM, so it captures and stores."""
+    def handle(store: Store, params: dict) -> dict:
+        from vllm_sentinel.agent.captures import capture_and_store
+        return capture_and_store(store, params["target"], params.get("kind", "dump"),
+                                 int(params.get("duration_s", 3)))
+    return handle

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_sentinel.agent.autoreport import AutoReporter
-from vllm_sentinel.agent.client import daemon_route_diagnose, daemon_route_report
+from vllm_sentinel.agent.captures import IncidentCapturer
+from vllm_sentinel.agent.client import daemon_route_capture, daemon_route_diagnose, daemon_route_report
 from vllm_sentinel.agent import liveconfig
 from vllm_sentinel.agent.incidents import Evaluator
 from vllm_sentinel.agent.rulepack import load_pack, pack_window_evaluator
@@ -63,19 +64,26 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
+    capturer = IncidentCapturer({p.instance: p for p in processes})
 
     def evaluate(s: Store, now: int) -> dict:
         result = evaluator(s, now)
+        if result.get("opened"):
+            opened = {inc.id: {"incident": inc.labels.get("incident"), "instance": inc.labels.get("instance")}
+                      for inc in evaluator.open.values()}
+            capturer.after_evaluation(s, result, opened)
         reporter.after_evaluation(s, result, now)
         return result
 
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
-        evaluate=evaluate, on_stop=[reporter.close],
-        status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written},
+        evaluate=evaluate, on_stop=[capturer.close, reporter.close],
+        status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written,
+                              "captures": capturer.last_status},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
-        extra_routes={"/v1/report": daemon_route_report(pack), "/v1/diagnose": daemon_route_diagnose(
+        extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
+                      "/v1/diagnose": daemon_route_diagnose(
             pack_window_evaluator(pack),
             load_rules=lambda paths, params: pack_window_evaluator(load_pack(paths or options.rules, params or options.params)))})
     return Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from vllm_sentinel.agent.captures import profile_of
 from vllm_sentinel.agent.incidents import stored_incidents
 from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.summary import instances, summarize
@@ -37,6 +38,10 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
                              f"{have}. Widen --since/--until or check --db.")
     replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
     incidents = merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed)
+    for inc in incidents:
+        profile = profile_of(store, inc["id"])
+        if profile:
+            inc["profile"] = profile
     return {
         "window": {"start": iso(start_ms), "end": iso(end_ms)},
         "source": source or f"duckdb:{store.path}",

@@ -56,4 +56,12 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                sources JSON NOT NULL)""",
         "CREATE INDEX config_snapshots_instance_ts ON config_snapshots (instance, ts)",
     ]),
+    (4, "py-spy stack captures, linked to incidents (collectors/pyspy.py Capture.to_row)", [
+        """CREATE TABLE captures (
+               capture_id VARCHAR PRIMARY KEY, ts BIGINT NOT NULL, instance VARCHAR NOT NULL,
+               incident_id VARCHAR, pid INTEGER NOT NULL, role VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+               status VARCHAR NOT NULL, error VARCHAR, duration_ms BIGINT, samples BIGINT, folded VARCHAR,
+               idle_included BOOLEAN, process_state VARCHAR, artifact VARCHAR)""",
+        "CREATE INDEX captures_incident ON captures (incident_id)",
+    ]),
 ]

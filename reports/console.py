@@ -132,3 +132,22 @@ def render_status(console: Console, doc: dict) -> None:
     console.print(t)
     for path in doc.get("reports") or []:
         console.print(f"report: {path}", highlight=False)
+
+
+def render_capture(console: Console, doc: dict) -> None:
+    """Per process: where it is (class shares, hot frames); stopped processes said so."""
+    console.print(Text(f"stacks of {doc['instance']} ({doc['target']}): {doc['status']}", style="bold"))
+    for p in doc["processes"]:
+        head = f"{p['role']} pid {p['pid']}"
+        if p.get("stopped"):
+            head += "  STOPPED (SIGSTOP or a debugger): these stacks are where it is frozen"
+        console.print(Text(head, style="bold red" if p.get("stopped") else "bold"))
+        if p["status"] not in ("ok", "truncated"):
+            console.print(Text(f"   {p['status']}: {p.get('error')}", style="yellow"))
+            continue
+        shares = ", ".join(f"{c} {v:.0%}" for c, v in (p.get("busy_shares") or p.get("class_shares") or {}).items())
+        console.print(Text(f"   {p.get('samples', 0)} samples; {shares or 'idle'}"))
+        for f in (p.get("top_frames") or [])[:5]:
+            console.print(Text(f"   {f['samples']:>5}  [{f['class']}] {f['frame']}", style="dim"))
+    if doc.get("stored_in"):
+        console.print(Text(f"stored in {doc['stored_in']}", style="dim"))
