@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 app = typer.Typer(add_completion=False, help="Incident reports: Markdown with charts.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole
 
 DEFAULT_OUT = Path("vllm-sentinel-reports")
 

@@ -144,10 +144,8 @@ def test_config_snapshot_in_force_at_the_start_is_used(store) -> None:
 
 
 def test_captures_linked_to_the_incident_are_summarised(store) -> None:
-    from vllm_sentinel.collectors.pyspy import CAPTURES_TABLE_SQL
     iid = _our_incident(store)
-    cur = store.cursor()
-    cur.execute(CAPTURES_TABLE_SQL)
+    cur = store.cursor()  # the captures table comes with the store's migrations
     folded = ("thread (1): MainThread;run_engine_core (vllm/v1/engine/core.py:700);"
               "step (vllm/v1/engine/core.py:674);schedule (vllm/v1/core/sched/scheduler.py:210) 30\n"
               "thread (1): MainThread;run_engine_core (vllm/v1/engine/core.py:700);"
@@ -190,8 +188,6 @@ def test_report_for_incident_rewrites_the_same_folder(store, tmp_path) -> None:
 
 def test_why_no_capture_was_taken_comes_from_the_collectors_event(store) -> None:
     from vllm_sentinel.collectors.base import Event
-    from vllm_sentinel.collectors.pyspy import CAPTURES_TABLE_SQL
-    store.cursor().execute(CAPTURES_TABLE_SQL)
     b = Batch(INSTANCE, T0 + 9 * 60_000)
     b.events.append(Event(T0 + 9 * 60_000, INSTANCE, "pyspy_capture", {"status": "py_spy_missing"},
                           "py-spy is not installed or not on PATH: `pip install py-spy`"))
