@@ -8,6 +8,7 @@ else ever holds the write path.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -191,7 +192,7 @@ class Sidecar:
             return
         self.metrics.commit_seconds.observe(time.monotonic() - t0)
         self.metrics.samples_stored.inc(n)
-        self.metrics.series.set(self.store._next_id)
+        self.metrics.series.set(self.store.series_count)
 
     def _evaluate(self) -> None:
         assert self.config.evaluate is not None
@@ -217,7 +218,6 @@ class Sidecar:
 
     # -- introspection -----------------------------------------------------------------------
     def _health(self, _params: dict) -> dict:
-        import os
         return {"ok": True, "pid": os.getpid(), "db": self.store.path, "started_ms": self.started_ms}
 
     def status(self) -> dict:

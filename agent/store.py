@@ -293,6 +293,11 @@ class Store:
         return done
 
     # -- reading -----------------------------------------------------------------------------
+    @property
+    def series_count(self) -> int:
+        """Series known to this store (ids are dense from 0)."""
+        return self._next_id
+
     def partitions(self) -> list[tuple[int, bool]]:
         """(hour index, sorted) of every partition, oldest first."""
         return sorted(self._partitions.items())
