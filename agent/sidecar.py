@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -236,6 +237,6 @@ class Sidecar:
         }
 
 
-def _soon():
-    from datetime import datetime, timedelta
+def _soon() -> datetime:
+    """First run right after start, not one interval later."""
     return datetime.now().astimezone() + timedelta(milliseconds=50)
