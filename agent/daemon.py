@@ -91,10 +91,14 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
 
 def _snapshotter(processes: list[ProcessCollector]):
     """Record each instance's live configuration (cache_config_info + argv + config.json) when it changes."""
-    # the platform (for vLLM's defaults) is inferred from cache_config_info by liveconfig
+    # the platform (for vLLM's defaults) is inferred from cache_config_info by liveconfig. With no
+    # API server process found (server down, or not on this host) nothing is recorded: the last
+    # snapshot stays in force, rather than vLLM's defaults posing as the server's flags
     def snapshot(store: Store, now: int) -> None:
         for p in processes:
             api_server = next((x for x in p.processes if x.role == "api_server"), None)
+            if api_server is None and liveconfig.load_snapshot_at(store, p.instance, now) is not None:
+                continue
             liveconfig.record_snapshot(store, p.instance, now, argv=api_server.argv if api_server else None)
     return snapshot
 
