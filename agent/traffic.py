@@ -186,7 +186,12 @@ def _one_request(run: _Run, conn: http.client.HTTPConnection, index: int) -> boo
     body = json.dumps(completions_body(run.model, run.plan, index)).encode()
     t0 = time.monotonic()
     try:
-        conn.request("POST", run.path, body=body, headers={"Content-Type": "application/json"})
+        try:
+            conn.request("POST", run.path, body=body, headers={"Content-Type": "application/json"})
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # the server closed an idle keep-alive connection: the request never left; resend once, fresh
+            conn.close()
+            conn.request("POST", run.path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read()
     except (OSError, http.client.HTTPException) as exc:
