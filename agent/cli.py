@@ -117,8 +117,10 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     except (RuleFileError, OSError) as e:
         raise fail(str(e)) from None
     try:
-        doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules,
-                                       markdown=fmt == "markdown", params=params)
+        # a long window or a large fleet takes seconds: say what is happening (on stderr, so JSON stays clean)
+        with err.status(f"evaluating {len(pack)} rule file(s) over {since} of history"):
+            doc = diagnose_via_best_source(_db(db), start, end, instance, pack_window_evaluator(pack), rules,
+                                           markdown=fmt == "markdown", params=params)
     except NoDataInWindow as e:
         raise fail(str(e)) from None
     except (StoreError, api.ApiError) as e:

@@ -180,3 +180,34 @@ def test_the_healthy_h200_recording_raises_no_gpu_fault_or_oom_risk(h200_store) 
 def _iso(ms: int) -> str:
     from vllm_sentinel.agent.incidents import iso
     return iso(ms)
+
+
+def test_oom_risk_and_gpu_fault_fire_on_generated_gpu_series_through_ingest(tmp_path):
+    """GPU incidents proven through the operator's path: a dcgm-style dump, `ingest`, `diagnose`."""
+    import json
+    import subprocess
+    import sys
+
+    t0 = 1_795_946_400  # s; 15 minutes at 5 s
+    gpu = 'gpu="0",UUID="GPU-1",modelName="NVIDIA H200"'
+    lines = []
+    for i in range(180):
+        t = (t0 + 5 * i) * 1000
+        used = 60_000 + min(i, 120) * 700  # MiB: fills up to ~144 GB of 143.7 GiB, then stays
+        lines.append(f"DCGM_FI_DEV_FB_USED{{{gpu}}} {used} {t}")
+        lines.append(f"DCGM_FI_DEV_FB_FREE{{{gpu}}} {max(143_771 - used, 500)} {t}")
+        xid = 79 if i >= 150 else 0  # the GPU falls off the bus at minute 12.5
+        lines.append(f"DCGM_FI_DEV_XID_ERRORS{{{gpu}}} {xid} {t}")
+    dump = tmp_path / "gpu.prom"
+    dump.write_text("\n".join(lines) + "\n")
+    db = tmp_path / "g.duckdb"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vllm_sentinel", *a], capture_output=True,  # noqa: E731
+                                    text=True, timeout=300)
+    res = run("ingest", str(dump), "--instance", "gpu-node:8000", "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    res = run("diagnose", "--since", "15m", "--until", str(t0 + 900), "--db", str(db), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    found = {(i["incident"], i["rule"]) for i in json.loads(res.stdout)["incidents"]}
+    assert ("oom_risk", "VllmGpuMemoryNearlyFull") in found
+    assert ("gpu_fault", "VllmGpuXidError") in found
+    assert ("oom_risk", "VllmGpuMemoryTrendingToOom") in found
