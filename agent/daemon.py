@@ -109,12 +109,24 @@ def _gpu_collectors(mode: str, instances: list[str]) -> list:
         raise ValueError(f"--nvml {mode!r}: use auto, on or off")
     if mode == "off":
         return []
-    if mode == "auto":
-        import importlib.util
-        if importlib.util.find_spec("pynvml") is None:
-            return []
+    if mode == "auto" and not _nvml_library_present():
+        return []  # a CPU host: no GPU collector, and reports say "no NVML series" where it matters
     from vllm_sentinel.collectors.nvml import NvmlCollector
     import socket
     # the sidecar sits beside one vLLM server: its GPUs belong to that instance, so rules can join on it
     instance = instances[0] if len(instances) == 1 else socket.gethostname()
     return [NvmlCollector(instance=instance)]
+
+
+def _nvml_library_present() -> bool:
+    """True when nvidia-ml-py is installed and the driver's libnvidia-ml loads (a GPU host)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, or NVMLError: library not found, no driver, no permission
+        return False
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    return True

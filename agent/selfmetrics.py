@@ -14,6 +14,9 @@ class SelfMetrics:
                                      "Duration of the last collection of a target", ["target"], registry=r)
         self.scrapes = Counter("vllm_sentinel_scrapes", "Collections by target and result",
                                ["target", "result"], registry=r)
+        self.skipped = Counter("vllm_sentinel_collections_skipped",
+                               "Collections skipped because the previous one of that target was still running",
+                               ["target"], registry=r)
         self.target_up = Gauge("vllm_sentinel_target_up", "1 if the last collection of a target succeeded",
                                ["target"], registry=r)
         self.samples_stored = Counter("vllm_sentinel_samples_stored", "Samples committed to the store", registry=r)
