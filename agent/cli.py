@@ -52,7 +52,7 @@ def _window(since: str, until: Optional[str]) -> tuple[int, int]:
 def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM server URL (repeatable), e.g. http://127.0.0.1:8000"),
         db: Optional[Path] = DbOption,
         interval: str = typer.Option("1s", help="collection interval"),
-        scrape_timeout: str = typer.Option("", help="per-scrape timeout (default: the interval, at most 10s)"),
+        scrape_timeout: str = typer.Option("", help="per-scrape timeout (default: the interval, at least 3s, at most 10s)"),
         scrape_max_bytes: int = typer.Option(32 * 2**20, help="largest /metrics answer read, in bytes"),
         retention: str = typer.Option("7d", help="keep this much history; older hours are dropped whole"),
         metrics_port: int = typer.Option(9464, help="own /metrics on 127.0.0.1 (0: off)"),
@@ -64,7 +64,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
-    from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar
+    from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar, default_scrape_timeout_s
     from vllm_sentinel.agent.store import StoreError
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -73,7 +73,8 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         interval_s = parse_duration_ms(interval) / 1000
         options = DaemonOptions(
             targets=target, db=_db(db), interval_s=interval_s,
-            scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout else min(interval_s, 10.0),
+            scrape_timeout_s=(parse_duration_ms(scrape_timeout) / 1000) if scrape_timeout
+            else default_scrape_timeout_s(interval_s),
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
             scrape_max_bytes=scrape_max_bytes, rules=rules or None,
             eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir, params=params)

@@ -29,7 +29,7 @@ class DaemonOptions:
     targets: list[str]
     db: Path
     interval_s: float = 1.0
-    scrape_timeout_s: float = 1.0
+    scrape_timeout_s: float = 3.0
     scrape_max_bytes: int = 32 * 2**20
     retention_ms: int = 7 * 86_400_000
     metrics_port: int | None = 9464
@@ -40,6 +40,14 @@ class DaemonOptions:
     reports_dir: Path | None = None  # None: <db>.reports beside the database
     params: Path | None = None  # rule threshold overrides (YAML name: value)
     extra_collectors: list = field(default_factory=list)
+
+
+def default_scrape_timeout_s(interval_s: float) -> float:
+    """The interval, but at least 3 s (a loaded vLLM answers /metrics between engine steps) and at most 10 s.
+
+    A scrape still running when the next is due makes that next one skip, never overlap.
+    """
+    return min(max(interval_s, 3.0), 10.0)
 
 
 def build_sidecar(options: DaemonOptions) -> Sidecar:
