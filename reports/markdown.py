@@ -354,8 +354,8 @@ def _fixes(data: ReportData) -> list[str]:
     touched = []
     for fix in fixes:
         param, suggested = fix["param"], fix.get("suggested")
-        if not is_flag_value(suggested):
-            continue  # advice in words ("lower it") has no place on a command line
+        if not is_flag_value(suggested) or not str(param).startswith("--"):
+            continue  # advice in words, replicas or an env var: not a `vllm serve` flag
         touched.append(param)
         if fix.get("current") is not None and param not in before:
             before[param] = str(fix["current"])

@@ -60,6 +60,15 @@ def test_advice_in_words_is_not_put_on_the_command_line() -> None:
     assert "**`--max-num-seqs` 2 → raise it**" in text
 
 
+def test_replicas_and_environment_fixes_stay_off_the_vllm_serve_line() -> None:
+    data = load_fixture("queue_blocking")
+    fixes = [{"param": "replicas", "current": "1", "suggested": "5", "why": "demand 13 / 3 per replica"},
+             {"param": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "current": "300", "suggested": "60", "why": "hang"}]
+    text = render_markdown(replace(data, fixes=fixes))
+    assert "**`replicas` 1 → 5**" in text and "**`VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS` 300 → 60**" in text
+    assert "```diff" not in text and "replicas 5" not in text
+
+
 def test_resolved_incident_has_end_and_duration_firing_one_says_so() -> None:
     resolved, _ = prepare(load_fixture("kv_cache_pressure"))
     assert "| resolved | 2026-11-29 10:33:30 UTC |" in resolved and "| duration | 9m 30s |" in resolved
