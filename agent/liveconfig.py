@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm_sentinel.agent import kvmath, vllm_defaults
 from vllm_sentinel.agent.vllm_defaults import Hardware
+from vllm_sentinel.collectors.argv import parse_vllm_argv  # noqa: F401 - read by config_from_argv and callers
 
 CACHE_INFO_METRIC = "vllm:cache_config_info"
 SRC_CACHE_INFO = "cache_config_info"
@@ -76,17 +77,6 @@ class LiveConfig:
 
 # --- the command line --------------------------------------------------------------------------
 
-# vLLM's boolean flags are argparse BooleanOptionalAction: `--flag` / `--no-flag`, no value follows
-_SWITCHES = {
-    "--enable-chunked-prefill", "--enable-prefix-caching", "--enforce-eager", "--trust-remote-code",
-    "--disable-log-stats", "--disable-log-requests", "--enable-log-requests", "--disable-frontend-multiprocessing",
-    "--disable-sliding-window", "--disable-custom-all-reduce", "--async-scheduling", "--headless",
-    "--enable-expert-parallel", "--enable-lora", "--enable-sleep-mode", "--disable-hybrid-kv-cache-manager",
-    "--kv-sharing-fast-prefill", "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
-}
-_SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size",
-          "-q": "--quantization"}
-
 # flag -> (LiveConfig name, type)
 ARGV_FLAGS: dict[str, tuple[str, type]] = {
     "--model": ("model", str),
@@ -111,44 +101,6 @@ ARGV_FLAGS: dict[str, tuple[str, type]] = {
     "--device": ("device", str),
     "--performance-mode": ("performance_mode", str),
 }
-
-
-def parse_vllm_argv(argv: list[str]) -> dict[str, str]:
-    """The long options of a vLLM command line, names normalised, switches as 'true'/'false'.
-
-    ['python', '-m', 'vllm.entrypoints.openai.api_server', '--model=/m', '--max_num_seqs', '8',
-     '--no-enable-prefix-caching', '-tp', '2'] -> {'--model': '/m', '--max-num-seqs': '8',
-     '--enable-prefix-caching': 'false', '--tensor-parallel-size': '2'};
-    ['vllm', 'serve', '/m', '--enable-chunked-prefill'] -> {'--model': '/m', '--enable-chunked-prefill': 'true'}
-    """
-    flags: dict[str, str] = {}
-    i = 0
-    after_serve = False
-    while i < len(argv):
-        arg = argv[i]
-        if arg in _SHORT:
-            arg = _SHORT[arg]
-        if arg.startswith("--") and len(arg) > 2:
-            name, eq, value = arg.partition("=")
-            name = "--" + name[2:].replace("_", "-")  # vLLM accepts --max_num_seqs too
-            if name.startswith("--no-") and "--" + name[5:] in _SWITCHES:
-                flags["--" + name[5:]] = "false"
-            elif eq:
-                flags[name] = value
-            elif name in _SWITCHES:
-                flags[name] = "true"
-            elif i + 1 < len(argv):
-                flags[name] = argv[i + 1]
-                i += 1
-            else:
-                flags[name] = ""
-        elif after_serve and not arg.startswith("-"):
-            flags.setdefault("--model", arg)  # `vllm serve MODEL`
-            after_serve = False
-        elif arg == "serve":
-            after_serve = True
-        i += 1
-    return flags
 
 
 def _convert(raw: str, typ: type) -> Any:

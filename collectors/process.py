@@ -21,6 +21,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .argv import parse_vllm_argv
 from .base import Batch, CollectorStatus, Event
 
 ROLE_API_SERVER = "api_server"
@@ -45,8 +46,8 @@ class VllmProcess:
     argv: list[str] = field(default_factory=list)
 
     def flags(self) -> dict[str, str]:
-        """The `--flag value` options of its command line (see parse_cli_flags)."""
-        return parse_cli_flags(self.argv)
+        """The long options of its command line, as vLLM reads them (see argv.parse_vllm_argv)."""
+        return parse_vllm_argv(self.argv)
 
 
 @dataclass
@@ -69,29 +70,6 @@ def target_port(target: str) -> int:
     if parsed.port is not None:
         return parsed.port
     return 443 if parsed.scheme == "https" else 80
-
-
-def parse_cli_flags(argv: list[str]) -> dict[str, str]:
-    """Long options of a command line: ['--max-num-seqs', '8', '--enforce-eager'] -> {'--max-num-seqs': '8', '--enforce-eager': ''}.
-
-    `--a=b` and `--a b` are both understood; a flag followed by another flag (or nothing) is a
-    switch with value ''. Positional arguments (the model of `vllm serve MODEL`) are skipped.
-    """
-    flags: dict[str, str] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--") and len(arg) > 2:
-            if "=" in arg:
-                key, value = arg.split("=", 1)
-                flags[key] = value
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                flags[arg] = argv[i + 1]
-                i += 1
-            else:
-                flags[arg] = ""
-        i += 1
-    return flags
 
 
 def role_from_title(title: str) -> str | None:

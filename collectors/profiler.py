@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import Event, now_ms
-from .process import VllmProcess, parent_map, parse_cli_flags, read_title
+from .argv import parse_flags
+from .process import VllmProcess, parent_map, read_title
 
 STATUS_OK = "ok"
 STATUS_DISABLED = "disabled"
@@ -64,7 +65,7 @@ def profiler_config_from_argv(argv: list[str]) -> dict[str, object]:
     ['--profiler-config.profiler=torch', '--profiler-config.torch_profiler_dir', '/t'] -> the same
     """
     config: dict[str, object] = {}
-    for key, value in parse_cli_flags(argv).items():
+    for key, value in parse_flags(argv).items():
         if key == "--profiler-config":
             try:
                 parsed = json.loads(value)
@@ -233,7 +234,7 @@ def detect_nsys(processes: list[VllmProcess], proc_root: str | Path = "/proc",
     while pid and pid > 1:
         _title, argv = read_title(pid, proc_root)
         if argv and os.path.basename(argv[0]) == "nsys" and {"launch", "profile"} & set(argv[1:3]):
-            flags = parse_cli_flags(argv)
+            flags = parse_flags(argv)
             path = nsys_here or (argv[0] if os.path.exists(argv[0]) else None)
             status = NsysStatus(
                 STATUS_OK if path else STATUS_NSYS_MISSING,

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sentinel.collectors.argv import parse_flags
 from vllm_sentinel.collectors.process import (
     ProcessCollector,
     ProcessDiscoveryError,
+    VllmProcess,
     discover,
     listening_inodes,
-    parse_cli_flags,
     read_usage,
     role_from_title,
     target_port,
@@ -100,7 +101,7 @@ def test_discover_finds_listener_engine_and_worker_with_roles(fake_server):
     # the lead reads engine flags from the API server's command line
     assert api.flags()["--max-num-seqs"] == "8"
     assert api.flags()["--max-model-len"] == "512"
-    assert api.flags()["--enforce-eager"] == ""
+    assert api.flags()["--enforce-eager"] == "true"
 
 
 def test_collector_emits_cpu_and_memory_series_per_process(fake_server):
@@ -204,11 +205,23 @@ def test_role_from_title(title, role):
     assert role_from_title(title) == role
 
 
-def test_parse_cli_flags_and_target_port():
+def test_parse_flags_and_target_port():
     argv = ["vllm", "serve", "/models/x", "--max-num-seqs", "256", "--enable-prefix-caching",
             "--max-model-len=4096", "--tensor-parallel-size", "2"]
-    assert parse_cli_flags(argv) == {"--max-num-seqs": "256", "--enable-prefix-caching": "",
-                                     "--max-model-len": "4096", "--tensor-parallel-size": "2"}
+    assert parse_flags(argv) == {"--max-num-seqs": "256", "--enable-prefix-caching": "",
+                                 "--max-model-len": "4096", "--tensor-parallel-size": "2"}
+    # a process's flags are read as vLLM reads them: a known switch never swallows the model after it
+    proc = VllmProcess(1, 0, "api_server", "VLLM::APIServer", ["vllm", "serve", "--enforce-eager", "/models/x", "-tp", "2"])
+    assert proc.flags() == {"--enforce-eager": "true", "--model": "/models/x", "--tensor-parallel-size": "2"}
     assert target_port("http://10.0.0.1:8000/metrics") == 8000
     assert target_port("127.0.0.1:9000") == 9000
     assert target_port("http://example") == 80
+
+
+def test_parse_flags_switches_no_flags_and_short_names():
+    argv = ["nsys", "launch", "--session=s1", "-o", "/t/out", "--trace", "cuda,nvtx", "--wait"]
+    assert parse_flags(argv) == {"--session": "s1", "--trace": "cuda,nvtx", "--wait": ""}
+    # an unknown flag followed by another flag is a switch, not the other flag's name as its value
+    assert parse_flags(["--disable-foo", "--port", "9"]) == {"--disable-foo": "", "--port": "9"}
+    assert parse_flags(["--no-x", "-tp", "4"], switches={"--x"}, short={"-tp": "--tensor-parallel-size"}) == {
+        "--x": "false", "--tensor-parallel-size": "4"}
