@@ -8,12 +8,17 @@ Starts the tiny model on loopback and runs bounded phases of closed-loop traffic
     control   the same process starts, every N s, a child that only burns as much CPU as a py-spy
               capture did (no py-spy, no ptrace, no reads of vLLM's memory)
 
-The control separates what py-spy costs from what *any* short-lived process costs on the machine:
-on a 2-vCPU VM, vLLM's CPU backend (a worker bound to one core, engine and API server on the other,
-spin-then-sleep hand-offs between them) loses far more throughput to a 40 ms CPU blip every few
-seconds than the blip's CPU share. Phases are separated by idle time (--settle-s) so each starts in
-the same state, modes rotate so drift hits all alike, and each mode's median is compared with the
-baseline's and with the control's. Prints figures; asserts nothing.
+The control separates what py-spy costs from what *any* short-lived process costs on the machine.
+On the 2-vCPU VM this was written on, vLLM's CPU backend keeps both vCPUs busy (the worker bound to
+one, the engine core busy-waiting with sched_yield on the other), and a new process there can wait
+seconds for a CPU (`python3 -S -c pass`: 62 ms idle, up to 11 s under load). With the kernel's
+autogroup scheduling (kernel.sched_autogroup_enabled=1) whatever shares that process's session
+waits too: run from the load generator's session, a 44 ms CPU burn every 3 s cost 40-60 % of
+throughput. So the capture loop runs in a session of its own, as a sidecar daemon does, and the
+load generator in the bench's. Phases are separated by idle time (--settle-s) so each starts in
+the same state; modes rotate so drift hits all alike; each mode's median is compared with the
+baseline's and with the control's. Each event's wall time is printed: a starved capture loop
+captures less often than --every-s asks. Prints figures; asserts nothing.
 
     .venv/bin/python bench/pyspy_overhead.py [--phase-s 15] [--rounds 4] [--every-s 3] [--modes ...]
 """
@@ -35,7 +40,7 @@ from vllm_sentinel.agent.tiny_model import build_tiny_model
 from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
 from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors import pyspy as ps
-from vllm_sentinel.collectors.process import discover
+from vllm_sentinel.collectors.process import discover, parent_map
 
 MODES = ("baseline", "dump", "record", "control")
 # a child that burns `ms` of CPU and exits: the control's stand-in for one capture (-S: no site import)
@@ -78,9 +83,11 @@ def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_
     """Output tokens per second over one bounded traffic phase in `mode`, and the capture loop's tallies."""
     loop = None
     if mode != "baseline":
-        # a separate process, as the sidecar is: captures never share the load generator's GIL
+        # a separate process in a session of its own, as the sidecar daemon is: it never shares the
+        # load generator's GIL nor, with the kernel's autogroup scheduling, its session's CPU share
         loop = subprocess.Popen([sys.executable, __file__, "--capture-loop", server.url, mode, str(every_s),
-                                 str(record_s), str(burn_ms)], stdout=subprocess.PIPE, text=True)
+                                 str(record_s), str(burn_ms)], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
     plan = TrafficPlan(requests=100_000, duration_s=seconds, concurrency=4, prompt_tokens=64, max_tokens=32)
     result = run_traffic(server.url, server.model_name, plan)
     counts: dict = {"elapsed_ms": int(1000 * result.elapsed_s)}
@@ -91,6 +98,30 @@ def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_
         errors.update(got.pop("errors"))
         counts.update(got)
     return result.completion_tokens / result.elapsed_s, counts
+
+
+def pin_server(root_pid: int, cpus: set[int]) -> int:
+    """Pin every thread of the server's process tree to `cpus` and this process to the others; returns threads pinned.
+
+    The layout of a GPU host, where serving leaves CPUs free: vLLM keeps its cores, the load
+    generator and the capture loop (started after this, so it inherits) get the rest.
+    """
+    parents = parent_map()
+    tree, grew = {root_pid}, True
+    while grew:
+        kids = {pid for pid, ppid in parents.items() if ppid in tree} - tree
+        tree |= kids
+        grew = bool(kids)
+    pinned = 0
+    for pid in tree:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+                pinned += 1
+            except OSError:  # a thread that ended meanwhile
+                pass
+    os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) - cpus)
+    return pinned
 
 
 def calibrate_burn_ms(url: str, n: int = 5) -> float:
@@ -111,6 +142,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="rounds of the modes")
     ap.add_argument("--every-s", type=float, default=3.0, help="seconds between captures")
     ap.add_argument("--record-s", type=int, default=1, help="length of each py-spy record")
+    ap.add_argument("--server-cpus", default="", help="pin vLLM to these CPUs (e.g. 0) and the rest to the others")
     ap.add_argument("--modes", default="baseline,dump,control", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--capture-loop", nargs=5, metavar=("URL", "KIND", "EVERY_S", "RECORD_S", "BURN_MS"),
                     help=argparse.SUPPRESS)
@@ -123,11 +155,17 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown mode(s) {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
 
-    server = VllmServer(VllmServerConfig(model_dir=build_tiny_model(), max_num_seqs=8, max_model_len=512),
-                        startup_timeout_s=900)  # a busy 2-core machine can take minutes
+    server_cpus = {int(c) for c in args.server_cpus.split(",") if c.strip()}
+    # with pinned CPUs vLLM's own OpenMP binding must stay inside them
+    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(server_cpus)))} if server_cpus else {}
+    server = VllmServer(VllmServerConfig(model_dir=build_tiny_model(), max_num_seqs=8, max_model_len=512,
+                                         extra_env=env), startup_timeout_s=900)  # a busy 2-core machine can take minutes
     t0 = time.monotonic()
     server.start()
     ncpu = os.cpu_count() or 1
+    if server_cpus:
+        print(f"vLLM pinned to CPUs {sorted(server_cpus)} ({pin_server(server.pid or 0, server_cpus)} threads); "
+              f"load generator and captures on {sorted(os.sched_getaffinity(0))}")
     print(f"vLLM ready on {server.url} in {time.monotonic() - t0:.0f} s; py-spy {ps.find_py_spy()}; "
           f"load average {os.getloadavg()[0]:.1f} on {ncpu} CPUs")
     try:
@@ -156,16 +194,23 @@ def main() -> None:
         server.stop()
     for err in sorted(errors):
         print("capture error:", err)
-    base = statistics.median(results["baseline"])
-    control = statistics.median(results["control"]) if results.get("control") else None
-    print(f"\nmode     median tok/s  vs baseline  vs control   (phases of {args.phase_s:.0f} s after {args.settle_s:.0f} s "
-          f"idle, an event every {args.every_s:.0f} s, record {args.record_s} s, {args.rounds} rounds)")
+    # each phase against the baseline of its own round: a server that drifts over the run (the
+    # pinned layout slows down by a third in ten minutes) would otherwise pass for overhead
+    paired = {m: [100 * (v - b) / b for v, b in zip(vals, results["baseline"])] for m, vals in results.items()}
+    print(f"\nmode     median tok/s  vs baseline (paired by round)  vs control   (phases of {args.phase_s:.0f} s after "
+          f"{args.settle_s:.0f} s idle, an event every {args.every_s:.0f} s, record {args.record_s} s, {args.rounds} rounds)")
     for mode, values in results.items():
         med = statistics.median(values)
-        vs_control = f"{100 * (med - control) / control:+9.1f} %" if control and mode not in ("baseline", "control") else " " * 11
+        rel = paired[mode]
+        vs_control = ""
+        if "control" in paired and mode not in ("baseline", "control"):
+            vs_control = f"{statistics.median(paired[mode]) - statistics.median(paired['control']):+9.1f} pts"
         cpu = (f"   {statistics.mean(cpu_per_event[mode]):.0f} ms CPU/event" if mode in cpu_per_event else "")
-        print(f"{mode:8s} {med:11.1f}   {100 * (med - base) / base:+9.1f} %  {vs_control}   "
-              f"(min {min(values):.1f}, max {max(values):.1f}){cpu}")
+        # mean of the paired differences with about a 95 % interval (2 standard errors): one phase
+        # varies by ~10 % here, so a few rounds cannot tell 2 % from 0
+        spread = f" mean {statistics.mean(rel):+.1f} ± {2 * statistics.stdev(rel) / len(rel) ** 0.5:.1f}" if len(rel) > 1 else ""
+        print(f"{mode:8s} {med:11.1f}   {statistics.median(rel):+8.1f} % (range {min(rel):+.1f} .. {max(rel):+.1f};{spread})"
+              f"  {vs_control:>13s}{cpu}")
 
 
 if __name__ == "__main__":
