@@ -7,7 +7,9 @@ import json
 import os
 import shutil
 import signal
+import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,19 @@ def _load(server: VllmServer, seconds: float = 30) -> BackgroundTraffic:
     return BackgroundTraffic(server.url, server.model_name, plan).start()
 
 
+def _wait_until_serving(server: VllmServer, timeout_s: float = 60) -> None:
+    """Block until the engine reports running requests: a capture 'under load' must find load."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+        running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)", text, re.M)
+        if running and float(running.group(1)) > 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no request running on {server.url} within {timeout_s} s of starting traffic")
+
+
 def test_discovery_finds_api_server_engine_core_and_worker(vllm_server: VllmServer):
     procs = discover(vllm_server.url)
     roles = [p.role for p in procs]
@@ -47,7 +62,8 @@ def test_capture_under_load_has_engine_and_worker_stacks_and_classifies_them(vll
     procs = discover(vllm_server.url)
     traffic = _load(vllm_server)
     try:
-        time.sleep(3)  # let the batch fill
+        _wait_until_serving(vllm_server)
+        time.sleep(2)  # let the batch fill
         tc = ps.capture_target(vllm_server.url, ps.PySpy(), procs, instance=vllm_server.instance,
                                kind=ps.KIND_RECORD, duration_s=3, incident_id="test-load")
     finally:
@@ -63,7 +79,7 @@ def test_capture_under_load_has_engine_and_worker_stacks_and_classifies_them(vll
         assert profile.samples >= 20, (role, profile.to_dict())
         assert profile.classified_share > 0.8, (role, profile.to_dict())
     worker_busy = by_role["worker"].profile().busy_shares()
-    assert worker_busy.get(fr.MODEL_FORWARD, 0) > 0.3, worker_busy
+    assert worker_busy.get(fr.MODEL_FORWARD, 0) > 0.3, (worker_busy, by_role["worker"].profile().to_dict())
     assert any("vllm/v1/engine/core.py" in s for s in by_role["engine_core"].stacks)
 
 
