@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm_sentinel.agent import kvmath, vllm_defaults
 from vllm_sentinel.agent.vllm_defaults import Hardware
-from vllm_sentinel.collectors.argv import parse_vllm_argv  # noqa: F401 - read by config_from_argv and callers
+from vllm_sentinel.collectors.argv import parse_vllm_argv
 
 CACHE_INFO_METRIC = "vllm:cache_config_info"
 SRC_CACHE_INFO = "cache_config_info"

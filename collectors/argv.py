@@ -81,7 +81,6 @@ def _serve_model(argv: list[str]) -> str | None:
         if not arg.startswith("-"):
             return arg
         # skip an option's value: `--port 9 MODEL` is legal argparse, `--enforce-eager MODEL` is a switch
-        takes_value = arg.startswith("--") and "=" not in arg and arg.split("=")[0] not in VLLM_SWITCHES \
-            and not arg.startswith("--no-")
+        takes_value = arg.startswith("--") and "=" not in arg and arg not in VLLM_SWITCHES and not arg.startswith("--no-")
         i += 2 if takes_value else 1
     return None
