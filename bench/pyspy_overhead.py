@@ -65,6 +65,8 @@ def capture_loop(url: str, kind: str, every_s: float, record_s: int, burn_ms: fl
     while not stop.wait(every_s):
         t0 = time.monotonic()
         if kind == "control":
+            # in the loop's own session, unlike py-spy (collectors/pyspy gives it one): the control
+            # shows what a child that waits for a CPU inside its caller's session costs
             subprocess.run([sys.executable, "-S", "-c", _BURN, str(burn_ms)], check=True)
         else:
             tc = ps.capture_target(url, spy, procs, instance=url, kind=kind, duration_s=record_s)
