@@ -17,6 +17,10 @@ class SelfMetrics:
         self.skipped = Counter("vllm_sentinel_collections_skipped",
                                "Collections skipped because the previous one of that target was still running",
                                ["target"], registry=r)
+        # far above the interval means the sidecar itself waits for a CPU (a host vLLM saturates)
+        self.collection_gap = Histogram("vllm_sentinel_collection_gap_seconds",
+                                        "Time between the starts of two consecutive collections of a target",
+                                        ["target"], buckets=(0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300), registry=r)
         self.target_up = Gauge("vllm_sentinel_target_up", "1 if the last collection of a target succeeded",
                                ["target"], registry=r)
         self.samples_stored = Counter("vllm_sentinel_samples_stored", "Samples committed to the store", registry=r)

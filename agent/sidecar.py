@@ -65,6 +65,7 @@ class Sidecar:
         self.statuses: dict[str, CollectorStatus] = {c.name: CollectorStatus(c.name, ok=True, error="not yet run")
                                                      for c in collectors}
         self._last_collect: dict[str, int] = {}
+        self._last_start: dict[str, float] = {}  # monotonic start of each collector's last collection
         self._queue: queue.Queue[Batch] = queue.Queue(maxsize=self.config.queue_max_batches)
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
@@ -133,6 +134,10 @@ class Sidecar:
     # -- work --------------------------------------------------------------------------------
     def _collect_one(self, collector: Collector) -> None:
         t0 = time.monotonic()
+        previous_start = self._last_start.get(collector.name)
+        self._last_start[collector.name] = t0
+        if previous_start is not None:
+            self.metrics.collection_gap.labels(collector.name).observe(t0 - previous_start)
         try:
             batch = collector.collect(now_ms())
         except Exception as e:  # a collector must not raise; if one does, the daemon survives it

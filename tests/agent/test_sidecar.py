@@ -20,7 +20,9 @@ import pytest
 
 from vllm_sentinel.agent import api
 from vllm_sentinel.agent.paths import socket_path_for
+from vllm_sentinel.agent.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store import Store
+from vllm_sentinel.collectors.base import Batch
 
 CAPTURE = Path(__file__).parents[1] / "collectors" / "fixtures" / "vllm-0.32.0-cpu-one-request.prom.txt"
 
@@ -292,3 +294,41 @@ def test_params_file_overrides_thresholds_and_unknown_names_are_refused(tmp_path
     assert res.returncode == 0, res.stderr
     res = cli("diagnose", "--since", "100000d", "--db", str(db), "--params", str(bad))
     assert res.returncode == 1 and "queue_time_p95" in res.stderr and str(bad) in res.stderr
+
+
+class StallingCollector:
+    """Answers at once, except that its third collection blocks for `stall_s` (a CPU-starved sidecar)."""
+
+    name = "stalling"
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.calls = 0
+
+    def collect(self, now_ms: int) -> Batch:
+        self.calls += 1
+        if self.calls == 3:
+            time.sleep(self.stall_s)
+        batch = Batch(instance="fake:1", ts_ms=now_ms)
+        batch.add("up", "", 1.0)
+        return batch
+
+
+def test_a_collection_that_starts_late_shows_in_the_gap_histogram(tmp_path):
+    collector = StallingCollector(stall_s=2.5)
+    with Store.open(tmp_path / "g.duckdb") as store:
+        sidecar = Sidecar(store, [collector], SidecarConfig(interval_s=0.2, metrics_port=None))
+        sidecar.start()
+        time.sleep(4.0)
+        sidecar.stop()
+    reg = sidecar.metrics.registry
+
+    def value(suffix: str, **labels: str) -> float:
+        return reg.get_sample_value(f"vllm_sentinel_collection_gap_seconds_{suffix}", {"target": "stalling", **labels})
+
+    count = value("count")
+    assert count == collector.calls - 1 and count >= 4  # one gap per collection after the first
+    assert value("bucket", le="0.5") >= 3  # the collections on time are about one interval apart
+    assert count - value("bucket", le="2.0") >= 1  # the one after the stall started at least 2.5 s later
+    # while it stalled, the due collections were skipped, not stacked behind it
+    assert reg.get_sample_value("vllm_sentinel_collections_skipped_total", {"target": "stalling"}) >= 1
