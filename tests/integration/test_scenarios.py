@@ -60,7 +60,8 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
                                # a busy 2-core CI host answers /metrics in over 1 s at times; a failed scrape
                                # writes up=0, which would reset the `for` of rules that require up == 1
                                "--scrape-timeout", "3s"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              # its own session, as the README says to run it (autogroup: see test_sidecar_live)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _wait_for_daemon(db, daemon)
         time.sleep(5)  # a few scrapes and the first configuration snapshot before any scenario

@@ -49,6 +49,10 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
                 assert daemon.poll() is None, daemon.stderr.read()
                 assert time.monotonic() < deadline, "daemon API never answered"
                 time.sleep(0.3)
+        while not any(c["name"].startswith("vllm ") and c["last_ms"]
+                      for c in api.call(socket_path_for(db), "/v1/status", timeout=5)["collectors"]):
+            assert time.monotonic() < deadline, "the daemon never scraped the server"
+            time.sleep(0.3)  # a first scrape before the traffic, so the timeline covers all of it
         traffic_start_ms = int(time.time() * 1000)
         result = run_traffic(vllm_server.url, vllm_server.model_name,
                              TrafficPlan(requests=None, duration_s=32, concurrency=3, prompt_tokens=40, max_tokens=24))
