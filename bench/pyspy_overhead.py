@@ -7,6 +7,9 @@ Starts the tiny model on loopback and runs bounded phases of closed-loop traffic
     record    the same with a short `py-spy record` instead
     control   the same process starts, every N s, a child that only burns as much CPU as a py-spy
               capture did (no py-spy, no ptrace, no reads of vLLM's memory)
+    daemon    the real sidecar, `vllm-sentinel run --interval 1s` in a session of its own, started and
+              answering before the traffic (its start-up is not counted); it captures stacks only if
+              an incident opens, as in production
 
 The control separates what py-spy costs from what *any* short-lived process costs on the machine.
 On the 2-vCPU VM this was written on, vLLM's CPU backend keeps both vCPUs busy (the worker bound to
@@ -34,15 +37,20 @@ import statistics
 import subprocess
 import sys
 import threading
+import tempfile
 import time
+from pathlib import Path
 
+from vllm_sentinel.agent import api
+from vllm_sentinel.agent.paths import socket_path_for
+from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.tiny_model import build_tiny_model
 from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
 from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors import pyspy as ps
 from vllm_sentinel.collectors.process import discover, parent_map
 
-MODES = ("baseline", "dump", "record", "control")
+MODES = ("baseline", "dump", "record", "control", "daemon")
 # a child that burns `ms` of CPU and exits: the control's stand-in for one capture (-S: no site import)
 _BURN = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < float(sys.argv[1]) / 1000: pass"
 
@@ -80,9 +88,52 @@ def capture_loop(url: str, kind: str, every_s: float, record_s: int, burn_ms: fl
     print(json.dumps(counts), flush=True)
 
 
+def _cpu_ms(pid: int) -> int:
+    """User+system CPU of a process and its reaped children, in ms (from /proc/<pid>/stat)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(1000 * sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK"))
+
+
+def daemon_phase(server: VllmServer, seconds: float) -> tuple[float, dict]:
+    """One traffic phase with the real sidecar daemon scraping every second; its CPU and scrape gaps."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.duckdb"
+        daemon = subprocess.Popen([sys.executable, "-m", "vllm_sentinel", "run", "--target", server.url, "--db", str(db),
+                                   "--interval", "1s", "--metrics-port", "0"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while True:  # answering and scraping before the traffic starts
+                try:
+                    if any(c["last_ms"] for c in api.call(socket_path_for(db), "/v1/status", timeout=2)["collectors"]):
+                        break
+                except api.ApiError:
+                    pass
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the daemon did not start: {daemon.stderr.read() if daemon.stderr else ''}")
+                time.sleep(0.3)
+            cpu0, t0 = _cpu_ms(daemon.pid), int(time.time() * 1000)
+            plan = TrafficPlan(requests=100_000, duration_s=seconds, concurrency=4, prompt_tokens=64, max_tokens=32)
+            result = run_traffic(server.url, server.model_name, plan)
+            cpu1, t1 = _cpu_ms(daemon.pid), int(time.time() * 1000)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+        with Store.open(db, read_only=True) as store:
+            ts = [r[0] for r in store.con.execute(
+                "SELECT ts FROM samples JOIN series USING (series_id) WHERE metric = 'up' AND instance = ? "
+                "AND ts BETWEEN ? AND ? ORDER BY ts", [server.instance, t0, t1]).fetchall()]
+    gaps = [b - a for a, b in zip(ts, ts[1:])]
+    return result.completion_tokens / result.elapsed_s, {
+        "elapsed_ms": int(1000 * result.elapsed_s), "events": len(ts), "failed": 0, "child_cpu_ms": cpu1 - cpu0,
+        "wall_ms": gaps}
+
+
 def phase(server: VllmServer, mode: str, seconds: float, every_s: float, record_s: int,
           burn_ms: float) -> tuple[float, dict]:
     """Output tokens per second over one bounded traffic phase in `mode`, and the capture loop's tallies."""
+    if mode == "daemon":
+        return daemon_phase(server, seconds)
     loop = None
     if mode != "baseline":
         # a separate process in a session of its own, as the sidecar daemon is: it never shares the
@@ -188,8 +239,10 @@ def main() -> None:
                     cpu = counts["child_cpu_ms"]
                     walls = counts["wall_ms"] or [0]
                     cpu_per_event[mode].append(cpu / events)
-                    extra = (f"  events={counts['events']} failed={counts['failed']} child CPU {cpu / events:.0f} ms/event "
-                             f"({100 * cpu / counts['elapsed_ms'] / ncpu:.2f} % of the machine), wall median "
+                    # for the daemon an event is a scrape, its CPU is the daemon's, and "gap" is between scrapes
+                    what = "gap between scrapes" if mode == "daemon" else "wall"
+                    extra = (f"  events={counts['events']} failed={counts['failed']} CPU {cpu / events:.0f} ms/event "
+                             f"({100 * cpu / counts['elapsed_ms'] / ncpu:.2f} % of the machine), {what} median "
                              f"{statistics.median(walls)} ms max {max(walls)} ms")
                 print(f"round {rnd + 1} {mode:8s} {tps:8.1f} output tokens/s{extra}", flush=True)
     finally:
