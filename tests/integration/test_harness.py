@@ -8,6 +8,7 @@ import os
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -48,22 +49,37 @@ def settled_scrape(server: VllmServer, before: dict[str, float], result: Traffic
         time.sleep(0.2)
 
 
-def drive_and_watch(
-    server: VllmServer, plan: TrafficPlan, gauges: tuple[str, ...] = ()
-) -> tuple[TrafficResult, dict[str, float], dict[str, float]]:
-    """Run `plan` in the background while polling `gauges`; return result, counter deltas, gauge maxima."""
+@dataclass
+class Watched:
+    """What one run of traffic did: the client's result, counter deltas, and every mid-run poll."""
+
+    result: TrafficResult
+    deltas: dict[str, float]
+    polls: list[dict[str, float]] = field(default_factory=list)  # deltas of counters, values of gauges
+
+    def peak(self, gauge: str) -> float:
+        return max((p.get(gauge, 0.0) for p in self.polls), default=0.0)
+
+    def polls_with_unfinished(self, total: int, at_least: int) -> list[dict[str, float]]:
+        """Polls taken while at least `at_least` of `total` requests had not yet finished."""
+        return [p for p in self.polls if total - p["done"] >= at_least]
+
+
+def drive_and_watch(server: VllmServer, plan: TrafficPlan) -> Watched:
+    """Run `plan` in the background while polling /metrics; keep every poll taken while it ran.
+
+    The poller shares two vCPUs with a busy vLLM and can be starved for seconds, so a test must not
+    count on a poll landing at any given moment (CI once saw none while requests queued)."""
     before = scrape(server)
     run = traffic.BackgroundTraffic(server.url, server.model_name, plan).start()
-    peaks = dict.fromkeys(gauges, 0.0)
+    polls: list[dict[str, float]] = []
     while not run.done():
         now = scrape(server)
-        for g in gauges:
-            peaks[g] = max(peaks[g], now.get(g, 0.0))
+        polls.append({**now, "done": delta(now, before, "vllm:request_success_total")})
         time.sleep(0.1)
     result = run.wait(timeout_s=plan.request_timeout_s)
     after = settled_scrape(server, before, result)
-    deltas = {name: delta(after, before, name) for name in after}
-    return result, deltas, peaks
+    return Watched(result, {name: delta(after, before, name) for name in after}, polls)
 
 
 def test_server_identifies_itself(vllm_server: VllmServer) -> None:
@@ -89,7 +105,8 @@ def test_server_identifies_itself(vllm_server: VllmServer) -> None:
 def test_traffic_counts_match_server_metrics(
     vllm_server: VllmServer, plan: TrafficPlan, record_property: Callable[[str, object], None]
 ) -> None:
-    result, deltas, _ = drive_and_watch(vllm_server, plan)
+    watched = drive_and_watch(vllm_server, plan)
+    result, deltas = watched.result, watched.deltas
     record_property("traffic_seconds", round(result.elapsed_s, 2))
     assert (result.ok, result.failed) == (plan.requests, 0), result.errors
     assert result.completion_tokens == plan.requests * plan.max_tokens  # ignore_eos: exact lengths
@@ -105,17 +122,28 @@ def test_max_num_seqs_2_makes_requests_queue(
     server = vllm_server_factory(max_num_seqs=2)
     record_property("startup_seconds", round(server.startup_seconds or 0, 1))
     plan = traffic.burst(requests=12, prompt_tokens=32, max_tokens=256)
-    result, deltas, peaks = drive_and_watch(
-        server, plan, ("vllm:num_requests_waiting", "vllm:num_requests_running")
-    )
+    watched = drive_and_watch(server, plan)
+    result, deltas = watched.result, watched.deltas
     record_property("traffic_seconds", round(result.elapsed_s, 2))
-    record_property("queue_time_sum_seconds", round(deltas["vllm:request_queue_time_seconds_sum"], 2))
+    record_property("polls", len(watched.polls))
     assert result.ok == 12, result.errors
-    assert peaks["vllm:num_requests_running"] <= 2
-    assert peaks["vllm:num_requests_waiting"] >= 1
-    # 10 of 12 requests wait for at least one whole 256-token decode before they run
-    assert deltas["vllm:request_queue_time_seconds_sum"] > 0.1
     assert deltas["vllm:request_queue_time_seconds_count"] == 12
+    # The server's own histograms prove the queueing, whatever the poller saw: with 2 slots, 10 of 12
+    # requests wait for whole earlier waves (1+1+2+2+...+5+5 = 30 waves in sum when all arrive at once).
+    # Runs here measured 30.0-32.2 waves; a third of that is the floor even if arrivals spread out.
+    wave_s = deltas["vllm:request_decode_time_seconds_sum"] / deltas["vllm:request_decode_time_seconds_count"]
+    queued_s = deltas["vllm:request_queue_time_seconds_sum"]
+    record_property("wave_seconds", round(wave_s, 3))
+    record_property("queue_time_sum_seconds", round(queued_s, 2))
+    assert queued_s >= 10 * wave_s > 0, (queued_s, wave_s)
+    # The gauges agree whenever a poll landed mid-run: never more than 2 running, and once 3 or more
+    # requests are unfinished (all 12 are in after the first wave), one of them must be waiting. On 2
+    # busy vCPUs the poller often gets no poll in mid-run (parsing took 1.7 s instead of 10 ms).
+    assert watched.peak("vllm:num_requests_running") <= 2
+    mid_run = [p for p in watched.polls_with_unfinished(12, at_least=3) if p["done"] >= 2]
+    record_property("polls_mid_run", len(mid_run))
+    if mid_run:
+        assert max(p.get("vllm:num_requests_waiting", 0.0) for p in mid_run) >= 1, mid_run
 
     pgid = server.pid
     assert pgid is not None
@@ -131,12 +159,20 @@ def test_small_kv_cache_causes_preemptions(
     server = vllm_server_factory(num_gpu_blocks_override=8, max_model_len=512)
     record_property("startup_seconds", round(server.startup_seconds or 0, 1))
     plan = traffic.burst(requests=12, prompt_tokens=200, max_tokens=300)
-    result, deltas, peaks = drive_and_watch(server, plan, ("vllm:kv_cache_usage_perc",))
+    watched = drive_and_watch(server, plan)
+    result, deltas = watched.result, watched.deltas
     record_property("traffic_seconds", round(result.elapsed_s, 2))
     record_property("preemptions", deltas["vllm:num_preemptions_total"])
     assert result.ok == 12, result.errors
     assert deltas["vllm:num_preemptions_total"] > 0
-    assert peaks["vllm:kv_cache_usage_perc"] > 0.9
+    # Preemption means the cache ran full. A poll only samples it: right after a preemption frees blocks
+    # usage dips (0.43 seen), so ask that the fullest poll taken with requests in flight and 3+ unfinished
+    # shows at least 6 of the 7 usable blocks taken (0.857; block 0 is vLLM's null block).
+    mid_run = [p for p in watched.polls_with_unfinished(12, at_least=3) if p.get("vllm:num_requests_running", 0) >= 1]
+    usage = [round(p.get("vllm:kv_cache_usage_perc", 0.0), 3) for p in mid_run]
+    record_property("kv_usage_mid_run", usage)
+    if mid_run:
+        assert max(usage) > 0.8, usage
     assert deltas["vllm:generation_tokens_total"] == result.completion_tokens == 12 * 300
 
 
