@@ -61,6 +61,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         params: Optional[Path] = typer.Option(None, "--params", help="YAML file overriding rule thresholds (name: value)"),
         eval_interval: str = typer.Option("5s", help="rule evaluation interval"),
         reports_dir: Optional[Path] = typer.Option(None, help="incident reports go here (default: <db>.reports/)"),
+        vllm_profiler: str = typer.Option("", "--vllm-profiler", help="also run vLLM's own profiler (torch, or nsys under `nsys launch`) this long, e.g. 3s, when a stack-explained incident opens; it slows serving, so at most once per target per 10 min (default: off)"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
@@ -77,7 +78,8 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
             else default_scrape_timeout_s(interval_s),
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
             scrape_max_bytes=scrape_max_bytes, rules=rules or None,
-            eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir, params=params)
+            eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir, params=params,
+            vllm_profiler_s=parse_duration_ms(vllm_profiler) / 1000 if vllm_profiler else None)
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None
@@ -184,6 +186,7 @@ def status(db: Optional[Path] = DbOption, fmt: str = typer.Option("table", "--fo
 @app.command()
 def capture(target: str = typer.Option(..., "--target", "-t", help="the vLLM server URL whose processes to sample"),
             record: Optional[int] = typer.Option(None, "--record", help="sample for this many seconds instead of one dump"),
+            vllm_profiler: str = typer.Option("", "--vllm-profiler", help="then run vLLM's own profiler this long, e.g. 3s (torch traces, or nsys under `nsys launch`; slows serving while it runs)"),
             db: Optional[Path] = DbOption,
             fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Stacks of the vLLM processes now (py-spy --nonblocking: the server is never paused)."""
@@ -192,9 +195,14 @@ def capture(target: str = typer.Option(..., "--target", "-t", help="the vLLM ser
     from vllm_sentinel.reports.console import render_capture
 
     kind, seconds = ("record", record) if record else ("dump", 3)
-    params = {"target": target, "kind": kind, "duration_s": seconds}
+    try:
+        profiler_s = parse_duration_ms(vllm_profiler) / 1000 if vllm_profiler else None
+    except ValueError as e:
+        raise fail(f"--vllm-profiler: {e}", Exit.USAGE) from None
+    params = {"target": target, "kind": kind, "duration_s": seconds, "profiler_s": profiler_s}
     try:  # a daemon beside vLLM captures and stores it with its incidents
-        doc = api.call(socket_path_for(_db(db)), "/v1/capture", params, timeout=seconds + 60)
+        wait_s = seconds + 60 + (profiler_s + 300 if profiler_s else 0)  # vLLM may take minutes to write traces
+        doc = api.call(socket_path_for(_db(db)), "/v1/capture", params, timeout=wait_s)
         doc["stored_in"] = f"daemon:{_db(db)}"
     except api.DaemonNotRunning:
         doc = None
@@ -203,11 +211,11 @@ def capture(target: str = typer.Option(..., "--target", "-t", help="the vLLM ser
     if doc is None:
         try:
             with Store.open(_db(db)) as store:
-                doc = capture_and_store(store, target, kind, seconds)
+                doc = capture_and_store(store, target, kind, seconds, profiler_s)
                 doc["stored_in"] = str(_db(db))
         except StoreError as e:
             err.print(f"[yellow]not stored:[/] {e}", highlight=False)
-            doc = capture_and_store(None, target, kind, seconds)
+            doc = capture_and_store(None, target, kind, seconds, profiler_s)
     if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:

@@ -90,6 +90,7 @@ def daemon_route_capture():
     """The daemon's /v1/capture handler: it runs beside vLLM, so it captures and stores."""
     def handle(store: Store, params: dict) -> dict:
         from vllm_sentinel.agent.captures import capture_and_store
+        profiler_s = params.get("profiler_s")
         return capture_and_store(store, params["target"], params.get("kind", "dump"),
-                                 int(params.get("duration_s", 3)))
+                                 int(params.get("duration_s", 3)), float(profiler_s) if profiler_s else None)
     return handle

@@ -39,6 +39,7 @@ class DaemonOptions:
     eval_interval_s: float = 5.0
     reports_dir: Path | None = None  # None: <db>.reports beside the database
     params: Path | None = None  # rule threshold overrides (YAML name: value)
+    vllm_profiler_s: float | None = None  # trigger vLLM's profiler this long on stack-explained incidents; None: never
     extra_collectors: list = field(default_factory=list)
 
 
@@ -72,7 +73,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
-    capturer = IncidentCapturer({p.instance: p for p in processes})
+    capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s)
 
     def evaluate(s: Store, now: int) -> dict:
         result = evaluator(s, now)

@@ -7,7 +7,8 @@ written by every worker (and the API server) into that directory when /stop_prof
 With `"profiler": "cuda"` the same endpoints call cudaProfilerStart/Stop, which drive Nsight Systems
 when the server runs under `nsys launch --capture-range=cudaProfilerApi`.
 
-Profiling slows serving, so `TorchProfiler` is off unless constructed with `enabled=True`.
+Profiling slows serving, so `VllmProfiler` is off unless constructed with `enabled=True`. With
+`"profiler": "cuda"` it triggers only when the server really runs under nsys; otherwise it says why.
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ STATUS_FAILED = "failed"
 STATUS_NSYS_MISSING = "nsys_missing"
 STATUS_NOT_UNDER_NSYS = "not_under_nsys"
 
+KIND_TORCH = "torch_profile"
+KIND_NSYS = "nsys"
+PROFILER_KINDS = (KIND_TORCH, KIND_NSYS)  # captures-table kinds written by this module (py-spy's are dump/record)
+
 ENABLE_HINT = ("start vLLM with --profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": "
                "\"/path/to/traces\"}' to expose /start_profile and /stop_profile")
+NSYS_LAUNCH_HINT = ("run vLLM under `nsys launch --trace=cuda,nvtx --capture-range=cudaProfilerApi` with "
+                    "--profiler-config '{\"profiler\": \"cuda\"}'")
 NSYS_MISSING_HINT = ("nsys (NVIDIA Nsight Systems) is not installed or not on PATH: install Nsight Systems "
-                     "and run vLLM under `nsys launch --trace=cuda,nvtx --capture-range=cudaProfilerApi` with "
-                     "--profiler-config '{\"profiler\": \"cuda\"}'")
+                     "and " + NSYS_LAUNCH_HINT)
 
 # (status, body text) of one HTTP request; injectable so tests hand in a recording or a local server
 Http = Callable[[str, str, bytes | None, float], tuple[int, str]]
@@ -132,19 +138,33 @@ class ProfileCapture:
         return Event(self.ts_ms, self.instance, "profiler_capture", labels, message)
 
 
-class TorchProfiler:
-    """Triggers vLLM's /start_profile, waits, /stop_profile; off by default (it slows serving)."""
+class VllmProfiler:
+    """Triggers vLLM's /start_profile, waits, /stop_profile; off by default (it slows serving).
+
+    The server's --profiler-config decides what records: "torch" writes traces to its
+    torch_profiler_dir; "cuda" calls cudaProfilerStart/Stop, which only Nsight Systems records, so
+    the trigger is sent only when the server runs under nsys (`detect_nsys`)."""
 
     def __init__(self, base_url: str, instance: str, *, enabled: bool = False, http: Http = http_request,
-                 api_server: VllmProcess | None = None, stop_timeout_s: float = 300.0,
+                 api_server: VllmProcess | None = None, processes: list[VllmProcess] | None = None,
+                 detect: Callable[[list[VllmProcess]], NsysStatus] | None = None, stop_timeout_s: float = 300.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.base_url = base_url.rstrip("/")
         self.instance = instance
         self.enabled = enabled
         self.http = http
-        self.api_server = api_server  # its argv says where traces go
+        processes = list(processes or [])
+        self.api_server = api_server or next((p for p in processes if p.role == "api_server"), None)
+        self.processes = processes or ([self.api_server] if self.api_server else [])
+        self.detect = detect or (lambda procs: detect_nsys(procs))
         self.stop_timeout_s = stop_timeout_s
         self.sleep = sleep
+
+    def profiler_kind(self) -> str:
+        """The server's configured profiler ("torch", "cuda"; "torch" when not known)."""
+        if self.api_server is None:
+            return "torch"
+        return str(profiler_config_from_argv(self.api_server.argv).get("profiler") or "torch")
 
     def trace_dir(self) -> str | None:
         """The server's torch_profiler_dir, read from its command line (None when not known)."""
@@ -155,7 +175,7 @@ class TorchProfiler:
 
     def capture(self, duration_s: float = 3.0, incident_id: str | None = None) -> ProfileCapture:
         """Profile for `duration_s` seconds; the result names the trace directory and new files in it."""
-        cap = ProfileCapture(uuid.uuid4().hex[:16], now_ms(), self.instance, "torch_profile", STATUS_OK,
+        cap = ProfileCapture(uuid.uuid4().hex[:16], now_ms(), self.instance, KIND_TORCH, STATUS_OK,
                              incident_id=incident_id, pid=self.api_server.pid if self.api_server else 0)
         if not self.enabled:
             cap.status, cap.error = STATUS_DISABLED, ("vLLM profiler captures are off (they slow serving); "
@@ -168,7 +188,19 @@ class TorchProfiler:
         if not available:
             cap.status, cap.error = STATUS_UNSUPPORTED, f"{self.base_url} has no /start_profile: {ENABLE_HINT}"
             return cap
-        cap.artifact = self.trace_dir()
+        if self.profiler_kind() == "cuda":
+            cap.kind = KIND_NSYS
+            nsys = self.detect(self.processes)
+            if not nsys.under_nsys:
+                # cudaProfilerStart outside nsys records nothing: sending it would only cost the server
+                cap.status = STATUS_NSYS_MISSING if nsys.status == STATUS_NSYS_MISSING else STATUS_NOT_UNDER_NSYS
+                cap.error = ("the server's profiler is \"cuda\", which only Nsight Systems records, and "
+                             f"{nsys.message[0].lower() + nsys.message[1:]}"
+                             + ("" if nsys.status == STATUS_NSYS_MISSING else f"; {NSYS_LAUNCH_HINT}"))
+                return cap
+            cap.artifact = nsys_report(nsys)
+        else:
+            cap.artifact = self.trace_dir()
         t0 = time.monotonic()
         started_wall = time.time()
         prefix = f"sentinel-{cap.capture_id}"
@@ -186,13 +218,17 @@ class TorchProfiler:
         if status != 200:
             cap.status, cap.error = STATUS_FAILED, f"/stop_profile answered {status}: {text[:300]}"
             return cap
-        if cap.artifact:
-            cap.files = new_files(cap.artifact, started_wall)
+        if cap.artifact and cap.kind == KIND_TORCH:
+            cap.files = new_files(cap.artifact, started_wall, prefix)
         return cap
 
 
-def new_files(directory: str, since_s: float) -> list[str]:
-    """Files under `directory` modified at or after `since_s` (sorted; [] if unreadable, e.g. another container)."""
+def new_files(directory: str, since_s: float, prefix: str | None = None) -> list[str]:
+    """Files under `directory` modified at or after `since_s` (sorted; [] if unreadable, e.g. another container).
+
+    With `prefix` (the profile_prefix sent to /start_profile), only the files named with it, when any
+    are: vLLM still touches an earlier capture's files after it, so their times alone mix captures up.
+    """
     found = []
     try:
         for root, _dirs, names in os.walk(directory):
@@ -205,7 +241,8 @@ def new_files(directory: str, since_s: float) -> list[str]:
                     continue
     except OSError:
         return []
-    return sorted(found)
+    ours = [f for f in found if prefix and os.path.basename(f).startswith(prefix)]
+    return sorted(ours or found)
 
 
 @dataclass
@@ -253,6 +290,14 @@ def detect_nsys(processes: list[VllmProcess], proc_root: str | Path = "/proc",
         return NsysStatus(STATUS_NSYS_MISSING, NSYS_MISSING_HINT)
     return NsysStatus(STATUS_NOT_UNDER_NSYS, f"nsys is at {nsys_here} but vLLM does not run under `nsys launch`",
                       nsys_path=nsys_here)
+
+
+def nsys_report(status: NsysStatus) -> str:
+    """Where nsys writes the capture: its -o path plus .nsys-rep, or what names it when -o was not given."""
+    if status.output:
+        return status.output if status.output.endswith(".nsys-rep") else status.output + ".nsys-rep"
+    where = f"nsys session {status.session}" if status.session else "nsys"
+    return f"{where}: the default report (reportN.nsys-rep in the launcher's working directory)"
 
 
 def _short_flag(argv: list[str], flag: str) -> str | None:

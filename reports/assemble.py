@@ -226,12 +226,15 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
         return []
     try:
         from vllm_sentinel.collectors.frames import LABELS, summarize
+        from vllm_sentinel.collectors.profiler import PROFILER_KINDS
     except ImportError as e:
         missing.append(f"Stacks: frame classification is not available ({e}).")
         return []
     cur = store.cursor()
-    cur.execute("SELECT * FROM captures WHERE incident_id = ? OR (incident_id IS NULL AND instance = ? "
-                "AND ts >= ? AND ts <= ?) ORDER BY ts, role, pid", [incident["id"], incident.get("instance"), *window])
+    profiler_kinds = ", ".join("?" * len(PROFILER_KINDS))  # their rows hold a trace's place: see _traces
+    cur.execute("SELECT * FROM captures WHERE (incident_id = ? OR (incident_id IS NULL AND instance = ? "
+                f"AND ts >= ? AND ts <= ?)) AND kind NOT IN ({profiler_kinds}) ORDER BY ts, role, pid",
+                [incident["id"], incident.get("instance"), *window, *PROFILER_KINDS])
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, r)) for r in cur.fetchall()]  # by name: the table gains columns over time
     if not rows:
@@ -262,6 +265,14 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
     if all(p.status not in ("ok", "truncated") for p in out):
         missing.append("Stacks: every capture for this incident failed (see Stack evidence for why).")
     return out
+
+
+def _traces(store: Any, incident: dict) -> list[dict]:
+    """vLLM profiler captures linked to the incident (none unless the daemon runs with --vllm-profiler)."""
+    if not _table_exists(store, "captures"):
+        return []
+    from vllm_sentinel.agent.captures import traces_of
+    return traces_of(store, incident["id"])
 
 
 def _capture_refusal(store: Any, instance: str | None, window: tuple[int, int]) -> str | None:
@@ -323,8 +334,9 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
         missing.append("GPU counters: no NVML series for this instance (no GPU, no driver, or the NVML "
                        "collector off), so GPU utilisation, memory and bandwidth were not checked.")
     stacks = _stacks(store, incident, window, missing)
+    traces = _traces(store, incident)
     related = _related(store, incident, window)
     return ReportData(incident=incident, window_ms=window, generated_ms=now_ms,
                       source=source or f"duckdb:{store.path}", evidence_series=series, evidence_exprs=exprs,
                       evidence_descriptions=descriptions, config=config, fixes=list(incident.get("fixes") or []),
-                      stacks=stacks, related=related, missing=missing)
+                      stacks=stacks, traces=traces, related=related, missing=missing)

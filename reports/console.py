@@ -149,5 +149,14 @@ def render_capture(console: Console, doc: dict) -> None:
         console.print(Text(f"   {p.get('samples', 0)} samples; {shares or 'idle'}"))
         for f in (p.get("top_frames") or [])[:5]:
             console.print(Text(f"   {f['samples']:>5}  [{f['class']}] {f['frame']}", style="dim"))
+    if doc.get("profiler"):
+        t = doc["profiler"]
+        if t["status"] == "ok":
+            where = t.get("artifact") or "where the server's profiler config says (not readable here)"
+            n = len(t.get("files") or [])
+            files = f" ({n} file{'' if n == 1 else 's'})" if n else ""
+            console.print(Text(f"vLLM profiler ({t['kind']}, {t['duration_ms'] / 1000:.1f} s): trace in {where}{files}"))
+        else:
+            console.print(Text(f"vLLM profiler ({t['kind']}) not taken, {t['status']}: {t.get('error')}", style="yellow"))
     if doc.get("stored_in"):
         console.print(Text(f"stored in {doc['stored_in']}", style="dim"))

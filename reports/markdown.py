@@ -65,6 +65,7 @@ class ReportData:
     config: ConfigSnapshot | None = None
     fixes: list[dict] = field(default_factory=list)
     stacks: list[ProcessStacks] = field(default_factory=list)
+    traces: list[dict] = field(default_factory=list)  # vLLM profiler captures: kind, status, artifact, files, error
     related: list[dict] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     charts: list[str] = field(default_factory=list)  # signals that have a chart file beside the report
@@ -97,6 +98,7 @@ class ReportData:
             fixes=list(d.get("fixes") or []),
             stacks=[ProcessStacks(**{**p, "top_frames": [(f, float(s), c) for f, s, c in p.get("top_frames") or []]})
                     for p in d.get("stacks") or []],
+            traces=list(d.get("traces") or []),
             related=list(d.get("related") or []), missing=list(d.get("missing") or []),
             charts=list(d.get("charts") or []),
         )
@@ -375,7 +377,28 @@ def _fixes(data: ReportData) -> list[str]:
 def _stacks(data: ReportData) -> list[str]:
     out = ["## Stack evidence", ""]
     if not data.stacks:
-        return out + ["No stack capture is linked to this incident (see what was not checked below).", ""]
+        out += ["No stack capture is linked to this incident (see what was not checked below).", ""]
+    return out + _stack_lines(data) + _trace_lines(data)
+
+
+def _trace_lines(data: ReportData) -> list[str]:
+    """Where vLLM's own profiler put its trace for this incident, or why it took none."""
+    out = []
+    for t in data.traces:
+        what = {"nsys": "Nsight Systems (via vLLM's cuda profiler)"}.get(t["kind"], "vLLM's torch profiler")
+        when = utc(int(t["ts"]), with_date=False)
+        if t["status"] == "ok":
+            n = len(t.get("files") or [])
+            files = f" ({n} file{'' if n == 1 else 's'})" if n else ""
+            out.append(f"- {what} at {when}, {(t.get('duration_ms') or 0) / 1000:.1f} s: trace in "
+                       f"`{_cell(t.get('artifact') or 'the server-side directory')}`{files}.")
+        else:
+            out.append(f"- {what} at {when}: not taken ({t['status']}): {t.get('error') or 'no detail'}")
+    return ["### vLLM profiler", "", *out, ""] if out else []
+
+
+def _stack_lines(data: ReportData) -> list[str]:
+    out: list[str] = []
     for p in data.stacks:
         head = f"### {p.role} (pid {p.pid}), py-spy {p.kind} at {utc(p.ts_ms, with_date=False)}"
         if p.status not in ("ok", "truncated"):

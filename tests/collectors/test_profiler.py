@@ -25,6 +25,7 @@ class RecordedServer:
         self.trace_dir = trace_dir
         self.start_status = start_status
         self.calls: list[tuple[str, str, bytes | None]] = []
+        self.prefix: str | None = None
 
     def __call__(self, method: str, url: str, body: bytes | None, timeout_s: float) -> tuple[int, str]:
         path = url.split("://", 1)[1].split("/", 1)[1]
@@ -34,10 +35,11 @@ class RecordedServer:
         if method == "GET":
             return 405, '{"detail":"Method Not Allowed"}'
         if path == "start_profile":
+            self.prefix = json.loads(body or b"{}").get("profile_prefix")
             return self.start_status, "" if self.start_status == 200 else '{"error": "already active"}'
-        if self.trace_dir is not None:  # vLLM writes the traces when the profiler stops
+        if self.trace_dir is not None:  # vLLM writes the traces when the profiler stops, named with the prefix
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            (self.trace_dir / "rank0.1700000000000.pt.trace.json.gz").write_bytes(b"\x1f\x8b trace")
+            (self.trace_dir / f"{self.prefix}_rank0.1700000000000.pt.trace.json.gz").write_bytes(b"\x1f\x8b trace")
         return 200, ""
 
 
@@ -64,7 +66,7 @@ def test_endpoints_detected_by_a_harmless_get():
 
 def test_capture_is_off_by_default():
     server = RecordedServer(routes=True)
-    cap = prof.TorchProfiler("http://h:1", "h:1", http=server).capture(1)
+    cap = prof.VllmProfiler("http://h:1", "h:1", http=server).capture(1)
     assert cap.status == prof.STATUS_DISABLED and "slow serving" in cap.error
     assert server.calls == []  # nothing was sent
 
@@ -74,15 +76,17 @@ def test_capture_starts_waits_stops_and_lists_the_new_traces(tmp_path: Path):
     server = RecordedServer(routes=True, trace_dir=trace_dir)
     slept: list[float] = []
     api = _api(["python", "--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(trace_dir)})])
-    cap = prof.TorchProfiler("http://h:1/", "h:1", enabled=True, http=server, api_server=api,
-                             sleep=slept.append).capture(2.5, incident_id="inc-1")
+    trace_dir.mkdir()
+    (trace_dir / "sentinel-0earlier_rank0.profiler_out.txt").write_text("vLLM rewrites a past capture's summary")
+    cap = prof.VllmProfiler("http://h:1/", "h:1", enabled=True, http=server, api_server=api,
+                            sleep=slept.append).capture(2.5, incident_id="inc-1")
     assert cap.status == prof.STATUS_OK, cap.error
     assert slept == [2.5]
     assert [(m, p) for m, p, _ in server.calls] == [("GET", "/start_profile"), ("POST", "/start_profile"),
                                                   ("POST", "/stop_profile")]
     assert json.loads(server.calls[1][2])["profile_prefix"].startswith("sentinel-")
     assert cap.artifact == str(trace_dir)
-    assert cap.files == [str(trace_dir / "rank0.1700000000000.pt.trace.json.gz")]
+    assert cap.files == [str(trace_dir / f"{server.prefix}_rank0.1700000000000.pt.trace.json.gz")]
     row = cap.to_row()
     assert row["kind"] == "torch_profile" and row["incident_id"] == "inc-1" and row["pid"] == 123
     assert json.loads(row["artifact"]) == {"dir": str(trace_dir), "files": cap.files}
@@ -96,7 +100,7 @@ def test_profiler_is_stopped_even_when_the_wait_is_interrupted():
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        prof.TorchProfiler("http://h:1", "h:1", enabled=True, http=server, sleep=interrupted).capture(5)
+        prof.VllmProfiler("http://h:1", "h:1", enabled=True, http=server, sleep=interrupted).capture(5)
     assert server.calls[-1][:2] == ("POST", "/stop_profile")
 
 
@@ -106,7 +110,7 @@ def test_profiler_is_stopped_even_when_the_wait_is_interrupted():
     (lambda *a: (0, "connection refused"), prof.STATUS_UNREACHABLE, "did not answer"),
 ])
 def test_capture_failures_are_statuses(server, status, words):
-    cap = prof.TorchProfiler("http://h:1", "h:1", enabled=True, http=server, sleep=lambda s: None).capture(1)
+    cap = prof.VllmProfiler("http://h:1", "h:1", enabled=True, http=server, sleep=lambda s: None).capture(1)
     assert cap.status == status and words in cap.error
     assert "not taken" in cap.to_event().message
 
@@ -160,6 +164,10 @@ def test_new_files_ignores_old_files_and_unreadable_dirs(tmp_path: Path):
     fresh.write_text("x")
     assert prof.new_files(str(tmp_path), 2_000) == [str(fresh)]
     assert prof.new_files(str(tmp_path / "absent"), 0) == []
+    ours = tmp_path / "sub" / "sentinel-ab_rank0.pt.trace.json.gz"
+    ours.write_text("x")
+    assert prof.new_files(str(tmp_path), 2_000, "sentinel-ab") == [str(ours)]  # named with this capture's prefix
+    assert prof.new_files(str(tmp_path), 2_000, "sentinel-cd") == [str(fresh), str(ours)]  # a vLLM that ignores it
 
 
 def test_profile_capture_row_fits_the_captures_table(tmp_path: Path):
@@ -175,3 +183,40 @@ def test_profile_capture_row_fits_the_captures_table(tmp_path: Path):
     con.execute(f"INSERT INTO captures ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     kind, artifact = con.execute("SELECT kind, artifact FROM captures").fetchone()
     assert kind == "torch_profile" and json.loads(artifact)["files"] == cap.files
+
+
+CUDA_ARGV = ["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", '{"profiler": "cuda"}']
+
+
+def test_cuda_profiler_under_nsys_drives_nsys_and_names_its_report(tmp_path: Path):
+    _fake_proc(tmp_path, 10, 1, ["/opt/nsight/bin/nsys", "launch", "--session=vllm1", "-c", "cudaProfilerApi",
+                                 "-o", "/out/run", *CUDA_ARGV])
+    _fake_proc(tmp_path, 11, 10, CUDA_ARGV)
+    server = RecordedServer(routes=True)
+    api = VllmProcess(11, 10, "api_server", "python", argv=CUDA_ARGV)
+    profiler = prof.VllmProfiler("http://h:1", "h:1", enabled=True, http=server, processes=[api], sleep=lambda s: None,
+                                 detect=lambda procs: prof.detect_nsys(procs, tmp_path, which=lambda n: None))
+    cap = profiler.capture(2, incident_id="inc1")
+    assert cap.status == prof.STATUS_OK, cap.error
+    assert (cap.kind, cap.artifact) == (prof.KIND_NSYS, "/out/run.nsys-rep")
+    assert [c[:2] for c in server.calls[1:]] == [("POST", "/start_profile"), ("POST", "/stop_profile")]
+    assert cap.to_row()["kind"] == "nsys" and "/out/run.nsys-rep" in cap.to_event().message
+
+
+def test_nsys_report_without_output_flag_says_where_nsys_puts_it():
+    assert prof.nsys_report(prof.NsysStatus(prof.STATUS_OK, "", under_nsys=True, output="/r/x.nsys-rep")) == "/r/x.nsys-rep"
+    assert "session s1" in prof.nsys_report(prof.NsysStatus(prof.STATUS_OK, "", under_nsys=True, session="s1"))
+
+
+@pytest.mark.parametrize(("nsys_on_path", "status"), [(None, prof.STATUS_NSYS_MISSING),
+                                                       ("/usr/bin/nsys", prof.STATUS_NOT_UNDER_NSYS)])
+def test_cuda_profiler_outside_nsys_is_refused_without_touching_the_server(tmp_path: Path, nsys_on_path, status):
+    _fake_proc(tmp_path, 11, 1, CUDA_ARGV)
+    server = RecordedServer(routes=True)
+    api = VllmProcess(11, 1, "api_server", "python", argv=CUDA_ARGV)
+    profiler = prof.VllmProfiler("http://h:1", "h:1", enabled=True, http=server, processes=[api], sleep=lambda s: None,
+                                 detect=lambda procs: prof.detect_nsys(procs, tmp_path, which=lambda n: nsys_on_path))
+    cap = profiler.capture(2)
+    assert (cap.kind, cap.status) == (prof.KIND_NSYS, status)
+    assert "nsys launch" in cap.error and '"cuda"' in cap.error
+    assert not any(c[1] == "/start_profile" and c[0] == "POST" for c in server.calls)  # cudaProfilerStart alone records nothing

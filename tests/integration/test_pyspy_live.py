@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import re
 import time
 import urllib.request
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sentinel.agent.store import Store
 from vllm_sentinel.agent.traffic import BackgroundTraffic, TrafficPlan, run_traffic
 from vllm_sentinel.agent.vllm_server import VllmServer
 from vllm_sentinel.collectors import frames as fr
@@ -110,9 +113,9 @@ def test_capture_while_engine_core_is_stopped_shows_where_it_is(vllm_server: Vll
 def test_profile_endpoints_absent_without_profiler_config(vllm_server: VllmServer):
     assert prof.endpoints_available(vllm_server.url) is False
     procs = discover(vllm_server.url)
-    cap = prof.TorchProfiler(vllm_server.url, vllm_server.instance, enabled=True, api_server=procs[0]).capture(1)
+    cap = prof.VllmProfiler(vllm_server.url, vllm_server.instance, enabled=True, api_server=procs[0]).capture(1)
     assert cap.status == prof.STATUS_UNSUPPORTED and "--profiler-config" in cap.error
-    off = prof.TorchProfiler(vllm_server.url, vllm_server.instance).capture(1)
+    off = prof.VllmProfiler(vllm_server.url, vllm_server.instance).capture(1)
     assert off.status == prof.STATUS_DISABLED
 
 
@@ -129,7 +132,7 @@ def test_torch_profiler_capture_writes_traces(vllm_server_factory, tmp_path: Pat
     server = vllm_server_factory(extra_args=["--profiler-config", json.dumps(config)])
     assert prof.endpoints_available(server.url) is True
     api = discover(server.url)[0]
-    profiler = prof.TorchProfiler(server.url, server.instance, enabled=True, api_server=api)
+    profiler = prof.VllmProfiler(server.url, server.instance, enabled=True, api_server=api)
     assert profiler.trace_dir() == str(trace_dir)
     traffic = _load(server, seconds=10)
     try:
@@ -142,3 +145,15 @@ def test_torch_profiler_capture_writes_traces(vllm_server_factory, tmp_path: Pat
     assert any(f.endswith((".json", ".json.gz")) for f in cap.files), cap.files
     assert all(Path(f).stat().st_size > 0 for f in cap.files)
     assert json.loads(cap.to_row()["artifact"])["dir"] == str(trace_dir)
+
+    # on demand from the command line: py-spy stacks, then the profiler, both stored
+    db = tmp_path / "c.duckdb"
+    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "capture", "--target", server.url, "--db", str(db),
+                          "--vllm-profiler", "1s", "--format", "json"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)["profiler"]
+    assert (doc["kind"], doc["status"], doc["artifact"]) == ("torch_profile", "ok", str(trace_dir)), doc
+    assert doc["files"] and not set(doc["files"]) & set(cap.files), (doc["files"], cap.files)  # new traces only
+    with Store.open(db, read_only=True) as s:
+        kinds = s.con.execute("SELECT kind, status FROM captures ORDER BY ts").fetchall()
+    assert ("torch_profile", "ok") in kinds and any(k == "dump" for k, _ in kinds), kinds

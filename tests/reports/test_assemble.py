@@ -194,3 +194,21 @@ def test_why_no_capture_was_taken_comes_from_the_collectors_event(store) -> None
     store.append(b)
     data = assemble(store, _our_incident(store), now_ms=T0 + 20 * 60_000, rules=[RULES])
     assert any("no py-spy capture was taken for this incident (py-spy is not installed" in m for m in data.missing)
+
+
+def test_vllm_profiler_traces_are_listed_apart_from_the_stacks(store, tmp_path) -> None:
+    from vllm_sentinel.agent.captures import save_profile
+    from vllm_sentinel.collectors.profiler import ProfileCapture
+    iid = _our_incident(store)
+    trace = str(tmp_path / "traces" / "rank0.pt.trace.json.gz")
+    save_profile(store, ProfileCapture("p1", T0 + 9 * 60_000, INSTANCE, "torch_profile", "ok", incident_id=iid,
+                                       duration_ms=3_100, artifact=str(tmp_path / "traces"), files=[trace]))
+    save_profile(store, ProfileCapture("p2", T0 + 9 * 60_000 + 5, INSTANCE, "nsys", "not_under_nsys",
+                                       incident_id=iid, error="vLLM does not run under `nsys launch`"))
+    data = assemble(store, iid, now_ms=T0 + 20 * 60_000, rules=[RULES])
+    assert data.stacks == []  # a trace is not a py-spy capture with 0 samples
+    assert [(t["kind"], t["status"], t["files"]) for t in data.traces] == [
+        ("torch_profile", "ok", [trace]), ("nsys", "not_under_nsys", [])]
+    text = write_report(data, tmp_path / "out").markdown.read_text()
+    assert f"vLLM's torch profiler at 10:09:00, 3.1 s: trace in `{tmp_path / 'traces'}` (1 file)." in text
+    assert "Nsight Systems (via vLLM's cuda profiler) at 10:09:00: not taken (not_under_nsys): vLLM does not" in text
