@@ -37,7 +37,8 @@ class AutoReporter:
         from vllm_sentinel.reports.write import report_for_incident
         try:
             written = report_for_incident(store, incident_id, self.out_dir, now_ms=now_ms, rules=self.rules)
-            self.written = (self.written + [str(written.markdown)])[-20:]
+            path = str(written.markdown)  # rewritten when the incident resolves: listed once, as the newest
+            self.written = ([w for w in self.written if w != path] + [path])[-20:]
             log.info("incident report %s", written.markdown)
         except Exception:
             log.exception("report of %s failed; the daemon keeps running", incident_id)

@@ -61,6 +61,7 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
         params: Optional[Path] = typer.Option(None, "--params", help="YAML file overriding rule thresholds (name: value)"),
         eval_interval: str = typer.Option("5s", help="rule evaluation interval"),
         reports_dir: Optional[Path] = typer.Option(None, help="incident reports go here (default: <db>.reports/)"),
+        alertmanager: Optional[list[str]] = typer.Option(None, "--alertmanager", help="send incidents as alerts to this Alertmanager, e.g. http://127.0.0.1:9093 (repeatable)"),
         vllm_profiler: str = typer.Option("", "--vllm-profiler", help="also run vLLM's own profiler (torch, or nsys under `nsys launch`) this long, e.g. 3s, when a stack-explained incident opens; it slows serving, so at most once per target per 10 min (default: off)"),
         duration: str = typer.Option("", help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: bool = typer.Option(False, "-v", help="log to stderr")) -> None:
@@ -79,7 +80,8 @@ def run(target: list[str] = typer.Option(..., "--target", "-t", help="vLLM serve
             retention_ms=parse_duration_ms(retention), metrics_port=metrics_port or None, nvml=nvml,
             scrape_max_bytes=scrape_max_bytes, rules=rules or None,
             eval_interval_s=parse_duration_ms(eval_interval) / 1000, reports_dir=reports_dir, params=params,
-            vllm_profiler_s=parse_duration_ms(vllm_profiler) / 1000 if vllm_profiler else None)
+            vllm_profiler_s=parse_duration_ms(vllm_profiler) / 1000 if vllm_profiler else None,
+            alertmanagers=list(alertmanager or []))
         stop_after = parse_duration_ms(duration) / 1000 if duration else None
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_sentinel.agent.alertmanager import AlertmanagerNotifier, alerts_url
 from vllm_sentinel.agent.autoreport import AutoReporter
 from vllm_sentinel.agent.captures import IncidentCapturer
 from vllm_sentinel.agent.client import daemon_route_capture, daemon_route_diagnose, daemon_route_report
@@ -39,6 +40,7 @@ class DaemonOptions:
     eval_interval_s: float = 5.0
     reports_dir: Path | None = None  # None: <db>.reports beside the database
     params: Path | None = None  # rule threshold overrides (YAML name: value)
+    alertmanagers: list[str] = field(default_factory=list)  # incidents are sent there as alerts
     vllm_profiler_s: float | None = None  # trigger vLLM's profiler this long on stack-explained incidents; None: never
     extra_collectors: list = field(default_factory=list)
 
@@ -57,6 +59,8 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000")
     if options.interval_s <= 0:
         raise ValueError("--interval must be positive")
+    for url in options.alertmanagers:
+        alerts_url(url)  # a wrong URL fails here, before the store is opened
     collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s, max_bytes=options.scrape_max_bytes)
                   for t in options.targets]
     names = [c.instance for c in collectors]
@@ -74,28 +78,38 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
     capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s)
+    notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s)
+                if options.alertmanagers else None)
 
     def evaluate(s: Store, now: int) -> dict:
+        before = dict(evaluator.open)  # resolved incidents leave evaluator.open; the notifier still needs them
         result = evaluator(s, now)
         if result.get("opened"):
             opened = {inc.id: {"incident": inc.labels.get("incident"), "instance": inc.labels.get("instance")}
                       for inc in evaluator.open.values()}
             capturer.after_evaluation(s, result, opened)
+        if notifier is not None:
+            resolved = set(result.get("resolved", []))
+            notifier.after_evaluation(now, evaluator.open.values(), [i for i in before.values() if i.id in resolved])
         reporter.after_evaluation(s, result, now)
         return result
 
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
-        evaluate=evaluate, on_stop=[capturer.close, reporter.close],
+        evaluate=evaluate, on_stop=[capturer.close, reporter.close] + ([notifier.close] if notifier else []),
         status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written,
-                              "captures": capturer.last_status},
+                              "captures": capturer.last_status,
+                              "alertmanager": notifier.status if notifier else {}},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
                       "/v1/diagnose": daemon_route_diagnose(
             pack_window_evaluator(pack),
             load_rules=lambda paths, params: pack_window_evaluator(load_pack(paths or options.rules, params or options.params)))})
-    return Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+    sidecar = Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+    if notifier is not None:
+        notifier.count = lambda url, result, n: sidecar.metrics.alert_notifications.labels(url, result).inc(n)
+    return sidecar
 
 
 def _snapshotter(processes: list[ProcessCollector]):

@@ -31,6 +31,9 @@ class SelfMetrics:
                                        "Batches dropped because the store fell behind (queue full)", registry=r)
         self.store_errors = Counter("vllm_sentinel_store_errors", "Failed store commits", registry=r)
         self.series = Gauge("vllm_sentinel_series", "Series known to the store", registry=r)
+        self.alert_notifications = Counter("vllm_sentinel_alertmanager_notifications",
+                                           "Alerts sent to (or failed, or dropped before) an Alertmanager",
+                                           ["alertmanager", "result"], registry=r)
         self.incidents_active = Gauge("vllm_sentinel_incidents_active", "Firing incidents",
                                       ["incident", "severity"], registry=r)
 

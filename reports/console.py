@@ -132,6 +132,13 @@ def render_status(console: Console, doc: dict) -> None:
     console.print(t)
     for path in doc.get("reports") or []:
         console.print(f"report: {path}", highlight=False)
+    for name, line in (doc.get("captures") or {}).items():
+        console.print(Text(f"last capture of {name}: {line}"))
+    for url, sent in (doc.get("alertmanager") or {}).items():
+        line = f"alertmanager {url}: {sent['sent']} alerts sent, {sent['failed']} failed, {sent['dropped']} dropped"
+        if sent.get("last_error"):
+            line += f"; last error: {sent['last_error']}"
+        console.print(Text(line, style="yellow" if sent.get("last_error") else ""))
 
 
 def render_capture(console: Console, doc: dict) -> None:

@@ -10,13 +10,15 @@ WITH_TESTS=0
 PY=${PYTHON:-python3}
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
-if [[ $WITH_TESTS -eq 1 ]] && ! command -v promtool >/dev/null; then
-  step "Installing Debian packages: prometheus (promtool, the oracle for rule tests)"
+if [[ $WITH_TESTS -eq 1 ]] && ! { command -v promtool && command -v prometheus-alertmanager; } >/dev/null; then
+  step "Installing Debian packages: prometheus (promtool, the oracle for rule tests), prometheus-alertmanager"
   as_root apt-get update -qq || true
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus \
-    || { echo "could not install the 'prometheus' Debian package (promtool); install it and run again" >&2; exit 1; }
-  # the package may start a Prometheus server; the tests start their own when they need one
+    prometheus-alertmanager \
+    || { echo "could not install the Debian packages prometheus and prometheus-alertmanager; install them and run again" >&2; exit 1; }
+  # the packages may start their servers; the tests start their own when they need one
   as_root pkill -x prometheus 2>/dev/null || true
+  as_root pkill -f '^/usr/bin/prometheus-alertmanager' 2>/dev/null || true
 fi
 
 stamp=".venv/.vllm-sentinel-installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$WITH_TESTS"
