@@ -156,7 +156,7 @@ class VllmProfiler:
         processes = list(processes or [])
         self.api_server = api_server or next((p for p in processes if p.role == "api_server"), None)
         self.processes = processes or ([self.api_server] if self.api_server else [])
-        self.detect = detect or (lambda procs: detect_nsys(procs))
+        self.detect = detect or detect_nsys
         self.stop_timeout_s = stop_timeout_s
         self.sleep = sleep
 
