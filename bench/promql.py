@@ -88,7 +88,7 @@ def _series_layout() -> list[tuple[str, str, str]]:
 
 def load(db: str, instances: int, hours: float, chunk_s: int = 300) -> dict:
     """Write the synthetic history through Store.append_many, chunk by chunk; returns counts and time."""
-    from vllm_sentinel.agent.store import Store
+    from vllm_sentinel.agent.store.db import Store
     from vllm_sentinel.collectors.base import Batch
 
     layout = _series_layout()
@@ -124,7 +124,7 @@ def load(db: str, instances: int, hours: float, chunk_s: int = 300) -> dict:
 def evaluate(db: str, t0: int, seconds: int, step_s: int) -> dict:
     """Evaluate every rule as a range query over the whole history; wall times and peak RSS."""
     from vllm_sentinel.agent.promql.engine import Engine
-    from vllm_sentinel.agent.store import Store
+    from vllm_sentinel.agent.store.db import Store
 
     times = {}
     with Store.open(db, read_only=True) as store:

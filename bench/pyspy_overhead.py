@@ -41,12 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_sentinel.agent import api
-from vllm_sentinel.agent.paths import socket_path_for
-from vllm_sentinel.agent.store import Store
-from vllm_sentinel.agent.tiny_model import build_tiny_model
-from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
-from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig
+from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.traffic import TrafficPlan, run_traffic
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors import pyspy as ps
 from vllm_sentinel.collectors.process import discover, parent_map
 

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_sentinel.agent.store import HOUR_MS, Store
+from vllm_sentinel.agent.store.db import HOUR_MS, Store
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch
 from vllm_sentinel.collectors.exposition import parse

@@ -182,7 +182,7 @@ class Capture:
         return Event(self.ts_ms, self.instance, "pyspy_capture", labels, message)
 
 
-# The store's table for captures (proposed; also appended as a migration in agent/migrations.py).
+# The store's table for captures (proposed; also appended as a migration in agent/store/migrations.py).
 CAPTURES_TABLE_SQL = """CREATE TABLE captures (
     capture_id VARCHAR PRIMARY KEY,
     ts BIGINT NOT NULL,            -- ms since the epoch, when the capture started

@@ -70,7 +70,7 @@ def load_incident(store: Any, incident_id: str) -> dict:
         raise IncidentNotFound(f"{incident_id!r} matches several incidents ({', '.join(r[0] for r in rows)}); "
                                "give more of the id.")
     found_id, start_ms = rows[0]
-    from vllm_sentinel.agent.incidents import stored_incidents
+    from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
     for inc in stored_incidents(store, start_ms - 1, start_ms):
         if inc["id"] == found_id:
             return inc
@@ -91,8 +91,8 @@ def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[s
         return exprs, descriptions
     if rules is None:
         try:
-            from vllm_sentinel.agent.cli_rules import default_rules_dir
-            from vllm_sentinel.agent.rulefile import expand_rule_paths, load_rule_files
+            from vllm_sentinel.agent.cli.rules import default_rules_dir
+            from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files
             rules = load_rule_files(expand_rule_paths([default_rules_dir()]))
         except Exception as e:  # a broken rule pack must not stop the report
             missing.append(f"Charts: the rule files could not be loaded ({e}), so the evidence was not charted.")
@@ -162,7 +162,7 @@ def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
 def _flag_names() -> dict[str, str]:
     """LiveConfig name -> vLLM flag ('max_num_seqs' -> '--max-num-seqs'), from liveconfig's argv table."""
     try:
-        from vllm_sentinel.agent.liveconfig import ARGV_FLAGS
+        from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
     except ImportError:
         return {}
     return {name: flag for flag, (name, _typ) in ARGV_FLAGS.items()}
@@ -271,7 +271,7 @@ def _traces(store: Any, incident: dict) -> list[dict]:
     """vLLM profiler captures linked to the incident (none unless the daemon runs with --vllm-profiler)."""
     if not _table_exists(store, "captures"):
         return []
-    from vllm_sentinel.agent.captures import traces_of
+    from vllm_sentinel.agent.diagnosis.captures import traces_of
     return traces_of(store, incident["id"])
 
 
@@ -291,7 +291,7 @@ def _has_gpu_series(store: Any, instance: str | None) -> bool:
 
 
 def _related(store: Any, incident: dict, window: tuple[int, int]) -> list[dict]:
-    from vllm_sentinel.agent.incidents import stored_incidents
+    from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
     others = [i for i in stored_incidents(store, window[0], window[1]) if i["id"] != incident["id"]]
     # this instance first: the likeliest cause or consequence
     others.sort(key=lambda i: (i.get("instance") != incident.get("instance"), i["start"], i["id"]))

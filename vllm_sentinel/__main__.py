@@ -1,3 +1,3 @@
-from vllm_sentinel.agent.cli import main
+from vllm_sentinel.agent.cli.app import main
 
 main()

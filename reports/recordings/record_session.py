@@ -2,7 +2,7 @@
 
 Starts the real vLLM CPU server with the scenario settings, runs the sidecar in-process (the same
 daemon as `vllm-sentinel run`), plays scenarios in sequence, then exports the window with
-agent/record.py. Keeps the sidecar's database too, so the window can be diagnosed again.
+agent/demo/recording.py. Keeps the sidecar's database too, so the window can be diagnosed again.
 
     .venv/bin/python reports/recordings/record_session.py \
         --out reports/recordings/cpu-tiny-llama.prom.gz --db /tmp/rec.duckdb \
@@ -17,13 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_sentinel.agent import liveconfig, scenarios
-from vllm_sentinel.agent.daemon import DaemonOptions, build_sidecar
-from vllm_sentinel.agent.record import NOISY_METRICS, RECORDING_DROP, export_window
-from vllm_sentinel.agent.replay_demo import metadata_path
-from vllm_sentinel.agent.store import Store
-from vllm_sentinel.agent.tiny_model import build_tiny_model
-from vllm_sentinel.agent.vllm_server import VllmServer
+from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
+from vllm_sentinel.agent.demo.recording import NOISY_METRICS, RECORDING_DROP, export_window
+from vllm_sentinel.agent.demo.replay import metadata_path
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.collectors.base import now_ms
 
 

@@ -298,7 +298,7 @@ def test_http_fetch_returns_status_type_and_body(server: tuple[str, Behaviour]) 
 
 
 def test_batches_land_in_the_store_with_source_names(server: tuple[str, Behaviour]) -> None:
-    from vllm_sentinel.agent.store import Store
+    from vllm_sentinel.agent.store.db import Store
 
     url, behaviour = server
     behaviour.body = (b'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25\n'

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.tiny_model import build_tiny_model
-from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig
+from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 
 _REQUIRE_ENV = "VLLM_SENTINEL_REQUIRE_VLLM"
 

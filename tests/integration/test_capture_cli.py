@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from vllm_sentinel.agent.store import Store
+from vllm_sentinel.agent.store.db import Store
 
 
 def test_capture_takes_every_vllm_process_and_stores_the_stacks(vllm_server, tmp_path):

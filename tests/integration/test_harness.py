@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_sentinel.agent import traffic
-from vllm_sentinel.agent.traffic import TrafficPlan, TrafficResult
-from vllm_sentinel.agent.vllm_server import VllmServer, VllmServerConfig, VllmServerError
+from vllm_sentinel.agent.demo import traffic
+from vllm_sentinel.agent.demo.traffic import TrafficPlan, TrafficResult
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig, VllmServerError
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.store import Store
-from vllm_sentinel.agent.traffic import BackgroundTraffic, TrafficPlan, run_traffic
-from vllm_sentinel.agent.vllm_server import VllmServer
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, run_traffic
+from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.collectors import frames as fr
 from vllm_sentinel.collectors import profiler as prof
 from vllm_sentinel.collectors import pyspy as ps

@@ -1,6 +1,6 @@
 """Each incident for real: the vLLM CPU server driven into it, the sidecar watching, `diagnose` naming it.
 
-One server (agent/scenarios.py settings) and one `vllm-sentinel run` daemon serve the whole module;
+One server (agent/demo/scenarios.py settings) and one `vllm-sentinel run` daemon serve the whole module;
 the tests run in file order: healthy first (a clean window), target_down last (it stops the
 server). Each asserts on `vllm-sentinel diagnose --format json` over exactly its scenario's
 window. Durations: tests/integration/README.md.
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent import api, scenarios
-from vllm_sentinel.agent.paths import socket_path_for
-from vllm_sentinel.agent.scenarios import ScenarioRun
-from vllm_sentinel.agent.vllm_server import VllmServer
+from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.demo.scenarios import ScenarioRun
+from vllm_sentinel.agent.demo.vllm_server import VllmServer
 
 pytestmark = pytest.mark.integration
 

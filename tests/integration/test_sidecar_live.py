@@ -9,10 +9,10 @@ import sys
 import time
 import urllib.request
 
-from vllm_sentinel.agent import api
-from vllm_sentinel.agent.paths import socket_path_for
-from vllm_sentinel.agent.store import Store
-from vllm_sentinel.agent.traffic import TrafficPlan, run_traffic
+from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.demo.traffic import TrafficPlan, run_traffic
 from vllm_sentinel.collectors.exposition import parse
 
 COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total")
@@ -79,7 +79,7 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
     assert daemon.returncode == 0, daemon.stderr.read()
 
     # beside the server, the sidecar found its processes and recorded its live configuration
-    from vllm_sentinel.agent.liveconfig import load_snapshot_at
+    from vllm_sentinel.agent.diagnosis.liveconfig import load_snapshot_at
     with Store.open(db, read_only=True) as s:
         roles = {r[0] for r in s.con.execute(
             "SELECT DISTINCT labels['role'] FROM series WHERE metric = 'vllm_sentinel_process_cpu_seconds_total'"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.incidents import Evaluator
-from vllm_sentinel.agent.rulefile import parse_rule_text
-from vllm_sentinel.agent.store import Store
+from vllm_sentinel.agent.diagnosis.incidents import Evaluator
+from vllm_sentinel.agent.alerts.rulefile import parse_rule_text
+from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch
 from vllm_sentinel.reports.assemble import IncidentNotFound, assemble, chart_window, step_for
 from vllm_sentinel.reports.write import report_for_incident, write_report
@@ -124,7 +124,7 @@ def test_a_unique_id_prefix_is_enough_and_unknown_ids_say_how_to_find_one(store)
 
 
 def test_config_snapshot_in_force_at_the_start_is_used(store) -> None:
-    from vllm_sentinel.agent import liveconfig
+    from vllm_sentinel.agent.diagnosis import liveconfig
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-model-len", "512"]
     for ts, seqs in ((T0, "2"), (T0 + 19 * 60_000, "64")):  # the later one must not be shown
         cfg = liveconfig.assemble(INSTANCE, argv=[*argv, "--max-num-seqs", seqs], ts_ms=ts)
@@ -197,7 +197,7 @@ def test_why_no_capture_was_taken_comes_from_the_collectors_event(store) -> None
 
 
 def test_vllm_profiler_traces_are_listed_apart_from_the_stacks(store, tmp_path) -> None:
-    from vllm_sentinel.agent.captures import save_profile
+    from vllm_sentinel.agent.diagnosis.captures import save_profile
     from vllm_sentinel.collectors.profiler import ProfileCapture
     iid = _our_incident(store)
     trace = str(tmp_path / "traces" / "rank0.pt.trace.json.gz")

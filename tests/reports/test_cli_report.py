@@ -7,7 +7,7 @@ import shutil
 from test_assemble import INSTANCE, RULES_TEXT, built_db  # noqa: F401  (the module-scoped database fixture)
 from typer.testing import CliRunner
 
-from vllm_sentinel.agent.cli_report import app
+from vllm_sentinel.agent.cli.report import app
 
 runner = CliRunner()
 

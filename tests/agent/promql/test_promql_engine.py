@@ -8,7 +8,7 @@ import pytest
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError, Sample, Series, Unsupported
 from vllm_sentinel.agent.promql.notation import STALE, expand_series_values, load_input_series
-from vllm_sentinel.agent.store import Store
+from vllm_sentinel.agent.store.db import Store
 
 
 def _engine(series: dict[str, str], interval_s: int = 15) -> Engine:

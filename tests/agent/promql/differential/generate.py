@@ -30,7 +30,7 @@ import yaml
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError
 from vllm_sentinel.agent.promql.notation import load_input_series
-from vllm_sentinel.agent.store import Store
+from vllm_sentinel.agent.store.db import Store
 
 TTFT_BUCKETS = ["0.001", "0.005", "0.01", "0.02", "0.04", "0.06", "0.08", "0.1", "0.25", "0.5", "0.75", "1.0",
                 "2.5", "5.0", "7.5", "10.0", "20.0", "40.0", "80.0", "160.0", "640.0", "2560.0", "+Inf"]

@@ -1,0 +1,1 @@
+"""Rule files, templating, alert state, rule packs, promtool-style rule tests and export."""

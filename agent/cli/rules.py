@@ -1,0 +1,124 @@
+"""`vllm-sentinel rules test|check|list|export`: a thin typer sub-app over the rules library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Rule files: test them like promtool, lint them, list them, export them for Prometheus.")
+out = Console()
+err = Console(stderr=True)
+
+PathsArg = typer.Argument(None, help="rule files or directories (default: the rules shipped with vllm-sentinel)")
+ParamsOpt = typer.Option(None, "--params", help="YAML file of threshold parameters (name: value) overriding the rule files' params")
+
+
+def default_rules_dir() -> Path:
+    """The rules directory shipped with the package."""
+    import vllm_sentinel.rules
+    return Path(vllm_sentinel.rules.__file__).parent
+
+
+def _rule_paths(paths: Optional[list[Path]]) -> list[Path]:
+    from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths
+    return expand_rule_paths(list(paths) if paths else [default_rules_dir()])
+
+
+def _load(paths: Optional[list[Path]], params: Optional[Path] = None):
+    from vllm_sentinel.agent.alerts.rulefile import RuleFileError, load_params_file, load_rule_files
+    try:
+        return load_rule_files(_rule_paths(paths), load_params_file(params) if params else None)
+    except RuleFileError as e:
+        for p in e.problems:
+            err.print(p, highlight=False, markup=False)
+        raise typer.Exit(1) from None
+
+
+@app.command("test")
+def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (default: the shipped rules/tests/*.test.yaml)"),
+         run: Optional[list[str]] = typer.Option(None, "--run", help="only test groups whose name matches this regex (repeatable)"),
+         junit: Optional[Path] = typer.Option(None, "--junit", help="also write a JUnit XML report here")) -> None:
+    """Run rule unit tests in promtool's format; exit 0 when all pass, 1 otherwise (as promtool)."""
+    from vllm_sentinel.agent.alerts.ruletest import junit_xml, promtool_lines, run_tests
+
+    paths = list(files) if files else sorted((default_rules_dir() / "tests").glob("*.test.yaml"))
+    if not paths:
+        err.print("no test files given and none shipped in rules/tests/", highlight=False)
+        raise typer.Exit(1)
+    code, outcomes = run_tests(paths, run)
+    for stream, line in promtool_lines(outcomes):
+        (sys.stdout if stream == "out" else sys.stderr).write(line + "\n")
+        (sys.stdout if stream == "out" else sys.stderr).flush()
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(junit_xml(outcomes))
+    raise typer.Exit(code)
+
+
+@app.command("check")
+def check(paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
+    """Lint rule files: schema, unique alert names, incident/severity labels, summary, a test file per rule file."""
+    from vllm_sentinel.agent.diagnosis.incidents import FIX_FUNCTIONS, load_fix_plugins
+    from vllm_sentinel.agent.alerts.rulefile import lint_rules
+
+    files = _load(paths, params)
+    load_fix_plugins()
+    problems = lint_rules(files, set(FIX_FUNCTIONS))
+    for p in problems:
+        err.print(p, highlight=False, markup=False)
+    n = sum(len(f.rules) for f in files)
+    if problems:
+        err.print(f"{len(problems)} problem(s) in {len(files)} file(s)", highlight=False)
+        raise typer.Exit(1)
+    out.print(f"SUCCESS: {n} rules in {len(files)} file(s)", highlight=False)
+
+
+@app.command("list")
+def list_rules(paths: Optional[list[Path]] = PathsArg,
+               fmt: str = typer.Option("table", "--format", help="table or json"),
+               params: Optional[Path] = ParamsOpt) -> None:
+    """List the rules: name, kind, incident, severity, for, where."""
+    from vllm_sentinel.agent.alerts.rulefile import format_duration_ms
+
+    rows = [{"name": r.name, "kind": r.kind, "incident": r.incident, "severity": r.severity,
+             "for": format_duration_ms(r.for_ms), "group": r.group, "where": r.where}
+            for f in _load(paths, params) for r in f.rules]
+    if fmt == "json":
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    if fmt != "table":
+        err.print(f"--format {fmt!r}: use table or json", highlight=False)
+        raise typer.Exit(2)
+    table = Table("rule", "kind", "incident", "severity", "for", "where")
+    for r in rows:
+        table.add_row(r["name"], r["kind"], r["incident"] or "", r["severity"] or "", r["for"], r["where"])
+    out.print(table)
+
+
+@app.command("export")
+def export(out_dir: Path = typer.Option(..., "--out", help="directory for the plain Prometheus rule files and tests"),
+           paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
+    """Write plain Prometheus rule files (our keys as annotations, parameters substituted) and their tests."""
+    from vllm_sentinel.agent.alerts.rulefile import RuleFileError, load_params_file, rule_test_path
+    from vllm_sentinel.agent.alerts.export import ExportError, export_rules
+
+    rule_paths = _rule_paths(paths)
+    tests = [t for p in rule_paths if (t := rule_test_path(p)).is_file()]
+    try:
+        overrides = load_params_file(params) if params else None
+        if overrides is not None:
+            from vllm_sentinel.agent.alerts.rulefile import load_rule_files
+            load_rule_files(rule_paths, overrides)  # unknown names fail naming the --params file
+        result = export_rules(rule_paths, tests, out_dir, overrides.values if overrides else None)
+    except (RuleFileError, ExportError) as e:
+        err.print(str(e), highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    for p in result.rule_files + result.test_files:
+        out.print(f"wrote {p}", highlight=False)

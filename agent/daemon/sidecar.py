@@ -1,0 +1,253 @@
+"""The sidecar daemon: collectors on a schedule -> one writer thread -> the store (+ rules, API, own metrics).
+
+Collection runs on apscheduler's thread pool (one job per collector, never overlapping itself);
+a single writer thread owns every write to DuckDB, so a tick is one transaction and nothing
+else ever holds the write path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from vllm_sentinel.agent.daemon.api import ApiServer
+from vllm_sentinel.agent.daemon.selfmetrics import SelfMetrics
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Event, now_ms
+
+log = logging.getLogger("vllm_sentinel.sidecar")
+
+DAY_MS = 86_400_000
+
+
+@dataclass
+class SidecarConfig:
+    """How often to collect, evaluate and clean up, and where to serve."""
+
+    interval_s: float = 1.0
+    eval_interval_s: float = 5.0
+    retention_ms: int = 7 * DAY_MS
+    maintenance_interval_s: float = 60.0
+    socket_path: Path | None = None
+    metrics_port: int | None = 9464  # None: do not serve the sidecar's own /metrics
+    metrics_host: str = "127.0.0.1"
+    queue_max_batches: int = 10_000  # bounded memory when the disk stalls
+    # hooks the CLI wires in (rules evaluation, extra API routes); the daemon knows nothing of rules
+    evaluate: Callable[[Store, int], dict] | None = None
+    # other periodic work that writes (config snapshots, ...): (every seconds, name, fn(store, now_ms));
+    # it runs on the writer thread, the only thread that writes
+    writer_tasks: list[tuple[float, str, Callable[[Store, int], object]]] = field(default_factory=list)
+    extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
+    on_stop: list[Callable[[], object]] = field(default_factory=list)  # after the last commit, before close
+    status_extra: Callable[[], dict] | None = None
+
+
+class Sidecar:
+    """Scrape, store, evaluate and serve, until stop()."""
+
+    def __init__(self, store: Store, collectors: list[Collector], config: SidecarConfig | None = None):
+        self.store = store
+        self.collectors = collectors
+        self.config = config or SidecarConfig()
+        self.metrics = SelfMetrics()
+        self.statuses: dict[str, CollectorStatus] = {c.name: CollectorStatus(c.name, ok=True, error="not yet run")
+                                                     for c in collectors}
+        self._last_collect: dict[str, int] = {}
+        self._last_start: dict[str, float] = {}  # monotonic start of each collector's last collection
+        self._queue: queue.Queue[Batch] = queue.Queue(maxsize=self.config.queue_max_batches)
+        self._stopping = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(4, len(collectors) + 1))},
+                                              job_defaults={"coalesce": True, "max_instances": 1,
+                                                            "misfire_grace_time": None})
+        # a collection still running when its next one is due is skipped, never overlapped: that is
+        # counted (vllm_sentinel_collections_skipped_total), not logged once a second
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
+        self._scheduler.add_listener(
+            lambda event: self.metrics.skipped.labels(event.job_id).inc(), EVENT_JOB_MAX_INSTANCES)
+        self._api: ApiServer | None = None
+        self._metrics_server: object | None = None
+        self.started_ms = now_ms()
+        self.last_evaluation: dict = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the writer, the schedule, the API socket and the own /metrics server."""
+        self._writer.start()
+        for c in self.collectors:
+            # a collector may ask for a slower cadence than the scrape interval (process discovery)
+            every = max(self.config.interval_s, getattr(c, "interval_s", 0) or 0)
+            self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
+                                    jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
+        self._scheduler.start()
+        if self.config.socket_path:
+            routes = {"/v1/health": self._health, "/v1/status": lambda _p: self.status()}
+            for path, fn in self.config.extra_routes.items():
+                routes[path] = lambda params, fn=fn: fn(self.store.reader(), params)
+            self._api = ApiServer(self.config.socket_path, routes)
+            self._api.start()
+        if self.config.metrics_port is not None:
+            self._metrics_server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+
+    def stop(self) -> None:
+        """Stop collecting, commit everything already collected, then close the API (the store stays open)."""
+        if self._stopping.is_set():
+            return
+        self._scheduler.shutdown(wait=True)  # lets a running scrape finish and hand over its batch
+        self._stopping.set()
+        self._writer.join(timeout=30)
+        for c in self.collectors:
+            close = getattr(c, "close", None)
+            if close:
+                self._guard(f"closing {c.name}", close)
+        for fn in self.config.on_stop:
+            self._guard("stopping", fn)
+        if self._api:
+            self._api.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()  # type: ignore[attr-defined]
+
+    def run_forever(self, duration_s: float | None = None) -> None:
+        """Run until SIGTERM/SIGINT (or for duration_s), then stop cleanly."""
+        done = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            done.wait(timeout=duration_s)
+        finally:
+            self.stop()
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    # -- work --------------------------------------------------------------------------------
+    def _collect_one(self, collector: Collector) -> None:
+        t0 = time.monotonic()
+        previous_start = self._last_start.get(collector.name)
+        self._last_start[collector.name] = t0
+        if previous_start is not None:
+            self.metrics.collection_gap.labels(collector.name).observe(t0 - previous_start)
+        try:
+            batch = collector.collect(now_ms())
+        except Exception as e:  # a collector must not raise; if one does, the daemon survives it
+            log.exception("collector %s raised", collector.name)
+            self.statuses[collector.name] = CollectorStatus(collector.name, ok=False, error=f"{type(e).__name__}: {e}")
+            self.metrics.scrapes.labels(collector.name, "error").inc()
+            return
+        took = time.monotonic() - t0
+        status = batch.status or CollectorStatus(collector.name)
+        previous = self.statuses.get(collector.name)
+        if not status.ok and (previous is None or previous.ok or previous.error != status.error):
+            # the store keeps each new error once (not every tick), so diagnose can say why a target was down
+            batch.events.append(Event(batch.ts_ms, batch.instance, "scrape_error",
+                                      {"collector": collector.name}, status.error or "failed"))
+        self.statuses[collector.name] = status
+        self._last_collect[collector.name] = batch.ts_ms
+        self.metrics.scrape_duration.labels(collector.name).set(took)
+        self.metrics.target_up.labels(collector.name).set(1 if status.ok else 0)
+        self.metrics.scrapes.labels(collector.name, "ok" if status.ok else "error").inc()
+        try:
+            self._queue.put_nowait(batch)
+        except queue.Full:
+            self.metrics.dropped_batches.inc()
+            log.warning("store is behind; dropped a batch of %s", collector.name)
+
+    def _write_loop(self) -> None:
+        next_eval = time.monotonic() + self.config.eval_interval_s
+        next_maint = time.monotonic()
+        next_task = [time.monotonic() + every for every, _n, _f in self.config.writer_tasks]
+        while True:
+            try:
+                first = self._queue.get(timeout=0.2)
+                batches = [first]
+            except queue.Empty:
+                batches = []
+            while True:
+                try:
+                    batches.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if batches:
+                self._commit(batches)
+            elif self._stopping.is_set():
+                return
+            t = time.monotonic()
+            if self.config.evaluate and t >= next_eval:
+                next_eval = t + self.config.eval_interval_s
+                self._guard("evaluate", lambda: self._evaluate())
+            if t >= next_maint:
+                next_maint = t + self.config.maintenance_interval_s
+                self._guard("maintenance", self._maintain)
+            for i, (every, name, fn) in enumerate(self.config.writer_tasks):
+                if t >= next_task[i]:
+                    next_task[i] = t + every
+                    self._guard(name, lambda fn=fn: fn(self.store, now_ms()))
+
+    def _commit(self, batches: list[Batch]) -> None:
+        t0 = time.monotonic()
+        try:
+            n = self.store.append_many(batches)
+        except Exception:
+            self.metrics.store_errors.inc()
+            log.exception("commit of %d batches failed; they are lost", len(batches))
+            return
+        self.metrics.commit_seconds.observe(time.monotonic() - t0)
+        self.metrics.samples_stored.inc(n)
+        self.metrics.series.set(self.store.series_count)
+
+    def _evaluate(self) -> None:
+        assert self.config.evaluate is not None
+        result = self.config.evaluate(self.store, now_ms())
+        self.last_evaluation = result or {}
+        active = self.last_evaluation.get("active", {})
+        self.metrics.incidents_active.clear()
+        for (incident, severity), n in active.items():
+            self.metrics.incidents_active.labels(incident, severity).set(n)
+
+    def _maintain(self) -> None:
+        now = now_ms()
+        dropped = self.store.drop_before(now - self.config.retention_ms)
+        if dropped:
+            log.info("retention dropped %s", ", ".join(dropped))
+        self.store.sort_closed(now)
+
+    def _guard(self, what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception:
+            log.exception("%s failed; the daemon keeps running", what)
+
+    # -- introspection -----------------------------------------------------------------------
+    def _health(self, _params: dict) -> dict:
+        return {"ok": True, "pid": os.getpid(), "db": self.store.path, "started_ms": self.started_ms}
+
+    def status(self) -> dict:
+        """Targets and collectors with their health, for `vllm-sentinel status`."""
+        extra = self.config.status_extra() if self.config.status_extra else {}
+        return {**extra,
+            "db": self.store.path,
+            "started_ms": self.started_ms,
+            "interval_s": self.config.interval_s,
+            "queue": self._queue.qsize(),
+            "collectors": [
+                {"name": name, "ok": s.ok, "error": s.error, "last_ms": self._last_collect.get(name),
+                 "detail": s.detail}
+                for name, s in self.statuses.items()
+            ],
+        }
+
+
+def _soon() -> datetime:
+    """First run right after start, not one interval later."""
+    return datetime.now().astimezone() + timedelta(milliseconds=50)

@@ -1,0 +1,155 @@
+"""Wiring for `vllm-sentinel run`: collectors for the targets, the store, rules, the API routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_sentinel.agent.daemon.alertmanager import AlertmanagerNotifier, alerts_url
+from vllm_sentinel.agent.daemon.autoreport import AutoReporter
+from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
+from vllm_sentinel.agent.daemon.routes import daemon_route_capture, daemon_route_diagnose, daemon_route_report
+from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.diagnosis.incidents import Evaluator
+from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.base import now_ms
+from vllm_sentinel.collectors.process import ProcessCollector
+from vllm_sentinel.collectors.vllm import VllmCollector
+
+PROCESS_INTERVAL_S = 5.0  # process discovery scans /proc: every few seconds is plenty
+CONFIG_INTERVAL_S = 30.0
+
+
+@dataclass
+class DaemonOptions:
+    """Everything `run` needs, already validated."""
+
+    targets: list[str]
+    db: Path
+    interval_s: float = 1.0
+    scrape_timeout_s: float = 3.0
+    scrape_max_bytes: int = 32 * 2**20
+    retention_ms: int = 7 * 86_400_000
+    metrics_port: int | None = 9464
+    socket_path: Path | None = None
+    nvml: str = "auto"  # auto: collect GPU counters when nvidia-ml-py is installed; on / off
+    rules: list[Path] | None = None  # rule files or folders; None: the shipped pack
+    eval_interval_s: float = 5.0
+    reports_dir: Path | None = None  # None: <db>.reports beside the database
+    params: Path | None = None  # rule threshold overrides (YAML name: value)
+    alertmanagers: list[str] = field(default_factory=list)  # incidents are sent there as alerts
+    vllm_profiler_s: float | None = None  # trigger vLLM's profiler this long on stack-explained incidents; None: never
+    extra_collectors: list = field(default_factory=list)
+
+
+def default_scrape_timeout_s(interval_s: float) -> float:
+    """The interval, but at least 3 s (a loaded vLLM answers /metrics between engine steps) and at most 10 s.
+
+    A scrape still running when the next is due makes that next one skip, never overlap.
+    """
+    return min(max(interval_s, 3.0), 10.0)
+
+
+def build_sidecar(options: DaemonOptions) -> Sidecar:
+    """A ready-to-start Sidecar; raises with a clear message on misconfiguration."""
+    if not options.targets:
+        raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000")
+    if options.interval_s <= 0:
+        raise ValueError("--interval must be positive")
+    for url in options.alertmanagers:
+        alerts_url(url)  # a wrong URL fails here, before the store is opened
+    collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s, max_bytes=options.scrape_max_bytes)
+                  for t in options.targets]
+    names = [c.instance for c in collectors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the same target is given twice: {names}")
+    for c in collectors:
+        c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
+    processes = [ProcessCollector(t, instance=c.instance) for t, c in zip(options.targets, collectors)]
+    for p in processes:
+        p.name = f"process {p.instance}"
+        p.interval_s = PROCESS_INTERVAL_S
+    gpus = _gpu_collectors(options.nvml, names)
+    pack = load_pack(options.rules, options.params)  # a wrong rule file fails here, at start, naming file:line
+    store = Store.open(options.db)
+    evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
+    reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
+    capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s)
+    notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s)
+                if options.alertmanagers else None)
+
+    def evaluate(s: Store, now: int) -> dict:
+        before = dict(evaluator.open)  # resolved incidents leave evaluator.open; the notifier still needs them
+        result = evaluator(s, now)
+        if result.get("opened"):
+            opened = {inc.id: {"incident": inc.labels.get("incident"), "instance": inc.labels.get("instance")}
+                      for inc in evaluator.open.values()}
+            capturer.after_evaluation(s, result, opened)
+        if notifier is not None:
+            resolved = set(result.get("resolved", []))
+            notifier.after_evaluation(now, evaluator.open.values(), [i for i in before.values() if i.id in resolved])
+        reporter.after_evaluation(s, result, now)
+        return result
+
+    config = SidecarConfig(
+        interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
+        socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
+        evaluate=evaluate, on_stop=[capturer.close, reporter.close] + ([notifier.close] if notifier else []),
+        status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written,
+                              "captures": capturer.last_status,
+                              "alertmanager": notifier.status if notifier else {}},
+        writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
+        extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
+                      "/v1/diagnose": daemon_route_diagnose(
+            pack_window_evaluator(pack),
+            load_rules=lambda paths, params: pack_window_evaluator(load_pack(paths or options.rules, params or options.params)))})
+    sidecar = Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+    if notifier is not None:
+        notifier.count = lambda url, result, n: sidecar.metrics.alert_notifications.labels(url, result).inc(n)
+    return sidecar
+
+
+def _snapshotter(processes: list[ProcessCollector]):
+    """Record each instance's live configuration (cache_config_info + argv + config.json) when it changes."""
+    # the platform (for vLLM's defaults) is inferred from cache_config_info by liveconfig. With no
+    # API server process found (server down, or not on this host) nothing is recorded: the last
+    # snapshot stays in force, rather than vLLM's defaults posing as the server's flags
+    def snapshot(store: Store, now: int) -> None:
+        for p in processes:
+            api_server = next((x for x in p.processes if x.role == "api_server"), None)
+            if api_server is None and liveconfig.load_snapshot_at(store, p.instance, now) is not None:
+                continue
+            liveconfig.record_snapshot(store, p.instance, now, argv=api_server.argv if api_server else None)
+    return snapshot
+
+
+def _gpu_collectors(mode: str, instances: list[str]) -> list:
+    """The NVML collector, if wanted; with one target its GPUs share that target's instance label."""
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"--nvml {mode!r}: use auto, on or off")
+    if mode == "off":
+        return []
+    if mode == "auto" and not _nvml_library_present():
+        return []  # a CPU host: no GPU collector, and reports say "no NVML series" where it matters
+    from vllm_sentinel.collectors.nvml import NvmlCollector
+    import socket
+    # the sidecar sits beside one vLLM server: its GPUs belong to that instance, so rules can join on it
+    instance = instances[0] if len(instances) == 1 else socket.gethostname()
+    return [NvmlCollector(instance=instance)]
+
+
+def _nvml_library_present() -> bool:
+    """True when nvidia-ml-py is installed and the driver's libnvidia-ml loads (a GPU host)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, or NVMLError: library not found, no driver, no permission
+        return False
+    try:
+        pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    return True

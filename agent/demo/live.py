@@ -1,0 +1,105 @@
+"""`vllm-sentinel demo`: a real vLLM CPU server with a tiny model, traffic that causes incidents, the
+sidecar watching, then the diagnosis and the incident reports. `--replay` runs the same pipeline in
+seconds on a recorded real session shipped with the project."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
+from vllm_sentinel.agent.diagnosis.diagnose import diagnose
+from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+from vllm_sentinel.agent.store.db import Store
+
+Say = Callable[[str], None]
+# two incidents in sequence on one server: requests queue behind 4 sequence slots, then
+# 400-token requests overflow 8 KV blocks and the scheduler preempts for real
+LIVE_SEQUENCE = ["queue_blocking", "kv_cache_pressure"]
+
+
+class DemoError(Exception):
+    """The demo could not run; the message says what is missing."""
+
+
+def default_workdir() -> Path:
+    """Where the demo keeps its databases, logs and reports: ./vllm-sentinel-demo."""
+    return Path.cwd() / "vllm-sentinel-demo"
+
+
+def write_reports(store: Store, doc: dict, out_dir: Path, rules: list, say: Say) -> list[Path]:
+    """One Markdown report (with charts) per incident of the diagnosis; returns the report paths."""
+    from vllm_sentinel.reports.assemble import assemble_incident
+    from vllm_sentinel.reports.write import write_report
+
+    end_ms = int(time.time() * 1000)
+    paths = []
+    for inc in doc["incidents"]:
+        data = assemble_incident(store, inc, now_ms=end_ms, rules=rules, source=doc["source"])
+        written = write_report(data, out_dir)
+        say(f"report: {written.markdown}")
+        paths.append(written.markdown)
+    return paths
+
+
+def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say = lambda _m: None) -> dict:
+    """Start server, sidecar and the incident sequence; return the diagnose document (+ 'reports')."""
+    try:
+        from vllm_sentinel.agent.demo import scenarios
+        from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+        from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerError
+    except ImportError as e:
+        raise DemoError(f"the demo needs the server extra ({e.name} missing): pip install 'vllm-sentinel[server]' "
+                        "or run `make demo`; `vllm-sentinel demo --replay` needs none of it") from e
+    workdir = Path(workdir or default_workdir())
+    workdir.mkdir(parents=True, exist_ok=True)
+    say("building the tiny random-weight Llama (cached after the first run)")
+    model_dir = build_tiny_model()
+    db = workdir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"
+    server = VllmServer(scenarios.scenario_server_config(model_dir), log_path=workdir / "vllm-server.log")
+    say(f"starting a real vLLM CPU server: 4 sequences, 8 KV blocks of 128 tokens (45-90 s on 2 cores; "
+        f"log {server.log_path})")
+    try:
+        server.start()
+    except VllmServerError as e:
+        raise DemoError(str(e)) from e
+    pack = load_pack()
+    try:
+        say(f"vLLM ready at {server.url} after {server.startup_seconds:.0f} s; the sidecar records into {db}")
+        sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=db, interval_s=1.0, metrics_port=None,
+                                              reports_dir=workdir / "live-reports"))
+        start_ms = int(time.time() * 1000)
+        sidecar.start()
+        try:
+            holds = {name: float(seconds) for name in LIVE_SEQUENCE} if seconds else None
+            for run in scenarios.run_sequence(server, LIVE_SEQUENCE, say=say, seconds=holds):
+                t = run.traffic
+                load = f", {t.ok} requests ok, {t.failed} failed" if t else ""
+                say(f"{run.name} scenario done in {run.seconds:.0f} s{load}")
+            time.sleep(scenarios.SETTLE_S)
+        finally:
+            sidecar.stop()
+            sidecar.store.close()
+    finally:
+        server.stop()
+    end_ms = int(time.time() * 1000)
+    with Store.open(db, read_only=True) as store:
+        doc = diagnose(store, start_ms, end_ms, evaluate_window=pack_window_evaluator(pack))
+        doc["reports"] = [str(p) for p in write_reports(store, doc, workdir / "reports", pack, say)]
+    doc["database"] = str(db)
+    return doc
+
+
+def run_replay_demo(workdir: Path | None = None, say: Say = lambda _m: None) -> dict:
+    """The same pipeline on the shipped recording of a real session: seconds, no server needed."""
+    from vllm_sentinel.agent.demo.replay import run_replay
+
+    workdir = Path(workdir or default_workdir())
+    workdir.mkdir(parents=True, exist_ok=True)
+    db = workdir / f"replay-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"
+    doc = run_replay(say=say, db=db)
+    with Store.open(db, read_only=True) as store:
+        doc["reports"] = [str(p) for p in write_reports(store, doc, workdir / "reports", load_pack(), say)]
+    doc["database"] = str(db)
+    return doc

@@ -1,0 +1,339 @@
+"""Scenarios that make a real vLLM CPU server misbehave on purpose, one incident each.
+
+Each scenario is a traffic pattern plus actions on the server (freeze its EngineCore, stop it),
+run against a server started with `scenario_server_config()`; it returns when it is over, with the
+times of its phases, so a caller (the integration tests, the demo, the recording script) can ask
+`diagnose` about exactly that window. One server serves every scenario (startup costs 45-90 s on
+2 cores): 8 KV blocks of 128 tokens and 4 sequences at most, so
+
+* short requests (1 block each) at concurrency 12 queue behind the 4 running ones -> queue_blocking;
+* 400-token requests (4 blocks each) at concurrency 12 need 16 blocks for 4 sequences, more than
+  the 8 there are -> the scheduler preempts for real -> kv_cache_pressure;
+* SIGSTOP of the EngineCore freezes the engine while the API server keeps answering /metrics with
+  requests in flight and no token progress -> engine_stall;
+* stopping the server makes every scrape fail -> target_down (run it last: it ends the server);
+* one short request at a time -> healthy, nothing may fire.
+
+Nothing here prints; `say` callbacks carry progress to whoever wants it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, TrafficResult
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
+from vllm_sentinel.collectors.base import now_ms
+
+# One server for every scenario: 8 x 128 = 1024 KV tokens, 4 sequences at most (see the docstring).
+SCENARIO_MAX_NUM_SEQS = 4
+SCENARIO_NUM_GPU_BLOCKS = 8
+SCENARIO_MAX_MODEL_LEN = 512
+
+# How long each scenario holds its condition by default, from the shipped rules (rules/*.yaml):
+# queue_blocking and kv_cache_pressure fire `for: 1m` after their 2m-window signal crosses (10-20 s
+# into the load); engine_stall needs a whole 1m window without a token plus `for: 30s`; target_down
+# `for: 30s`. Each hold leaves 15-25 s of margin for a busy host and the 5 s evaluation step.
+DEFAULT_HOLD_S = {
+    "healthy": 60.0,
+    "queue_blocking": 105.0,
+    "kv_cache_pressure": 105.0,
+    "engine_stall": 115.0,
+    "target_down": 50.0,
+}
+# after the condition ends, the sidecar needs a scrape or two (1 s interval) before the window closes
+SETTLE_S = 3.0
+
+Say = Callable[[str], None]
+
+
+def _quiet(_message: str) -> None:
+    """The default `say`: nothing (the library never prints)."""
+
+
+class ScenarioError(RuntimeError):
+    """A scenario could not do what it must (no EngineCore to freeze, server not running, ...)."""
+
+
+@dataclass
+class ScenarioRun:
+    """What one scenario did and when: the window to diagnose is (start_ms, end_ms]."""
+
+    name: str
+    expected_incident: str | None  # the incident label it must produce; None: nothing may fire
+    start_ms: int
+    end_ms: int = 0
+    phases: list[tuple[str, int]] = field(default_factory=list)  # (phase name, start ms), in order
+    traffic: TrafficResult | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the scenario."""
+        return (self.end_ms - self.start_ms) / 1000
+
+    def phase(self, name: str) -> int:
+        """Start time (ms) of phase `name`; KeyError if the scenario had none."""
+        for n, t in self.phases:
+            if n == name:
+                return t
+        raise KeyError(f"scenario {self.name} has no phase {name!r}; it has {[n for n, _ in self.phases]}")
+
+    def mark(self, name: str) -> int:
+        """Record that phase `name` starts now; returns the time."""
+        t = now_ms()
+        self.phases.append((name, t))
+        return t
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data, for logs and the recording's README."""
+        return {"name": self.name, "expected_incident": self.expected_incident, "start_ms": self.start_ms,
+                "end_ms": self.end_ms, "seconds": round(self.seconds, 1), "phases": self.phases,
+                "traffic": None if self.traffic is None else {
+                    "ok": self.traffic.ok, "failed": self.traffic.failed,
+                    "completion_tokens": self.traffic.completion_tokens},
+                "detail": self.detail}
+
+
+def scenario_server_config(model_dir: Path, **overrides: object) -> VllmServerConfig:
+    """The engine settings every scenario is tuned for (fields of VllmServerConfig may be overridden)."""
+    kw: dict[str, object] = {"max_num_seqs": SCENARIO_MAX_NUM_SEQS,
+                             "num_gpu_blocks_override": SCENARIO_NUM_GPU_BLOCKS,
+                             "max_model_len": SCENARIO_MAX_MODEL_LEN,
+                             # 32 queueing clients on a busy host lost 5-10% of requests to connections the
+                             # server closed at its 5 s keep-alive; no incident depends on this setting
+                             "extra_env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}}
+    kw.update(overrides)
+    return VllmServerConfig(model_dir=model_dir, **kw)  # type: ignore[arg-type]
+
+
+# -- traffic patterns --------------------------------------------------------------------------------
+
+def healthy_plan(seconds: float) -> TrafficPlan:
+    """One short request at a time with pauses: nothing waits, nothing is preempted."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=1, prompt_tokens=16, max_tokens=16,
+                       interval_s=1.0, seed=11)
+
+
+def queue_plan(seconds: float) -> TrafficPlan:
+    """32 clients of short requests (under 128 tokens: one KV block each) for 4 sequence slots.
+
+    Each request waits for about (32 - 4) / 4 = 7 service times; at 12 clients the queue-time p95
+    measured 1.5 s on a 2-core host, too close to the rule's 1 s for a faster machine.
+    """
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=32, prompt_tokens=12, max_tokens=100,
+                       seed=12)
+
+
+def kv_pressure_plan(seconds: float) -> TrafficPlan:
+    """12 clients of ~400-token requests (200 prompt + 200 output: 4 blocks each) for 8 blocks."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=12, prompt_tokens=200, max_tokens=200,
+                       seed=13)
+
+
+def stall_plan(seconds: float) -> TrafficPlan:
+    """Two clients of long requests (32+400 tokens, 4 blocks each: both fit), so requests are running
+    when the engine freezes."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=400,
+                       seed=14, request_timeout_s=seconds + 120)
+
+
+# -- processes -----------------------------------------------------------------------------------------
+
+def find_engine_core(server: VllmServer, proc_root: str | Path = "/proc") -> int:
+    """PID of the server's EngineCore process (title VLLM::EngineCore), found under its API server in /proc."""
+    from vllm_sentinel.collectors.process import ROLE_ENGINE_CORE, ProcessDiscoveryError, discover
+
+    if not server.is_running():
+        raise ScenarioError(f"the vLLM server at {server.url} is not running; start it before a scenario")
+    try:
+        procs = discover(server.url, proc_root)
+    except ProcessDiscoveryError as e:
+        raise ScenarioError(f"cannot find the processes of {server.url}: {e}") from e
+    cores = [p for p in procs if p.role == ROLE_ENGINE_CORE and _is_descendant(p.pid, server.pid, proc_root)]
+    if not cores:
+        titles = ", ".join(f"{p.pid}:{p.title or p.role}" for p in procs) or "none"
+        raise ScenarioError(f"no VLLM::EngineCore process under the API server (pid {server.pid}); found {titles}. "
+                            "Is this a vLLM v1 server with multiprocessing on (VLLM_ENABLE_V1_MULTIPROCESSING=1)?")
+    return cores[0].pid
+
+
+def _is_descendant(pid: int, ancestor: int | None, proc_root: str | Path) -> bool:
+    """True when `ancestor` is `pid`'s parent, grandparent, ... (bounded walk up /proc)."""
+    from vllm_sentinel.collectors.process import parent_map
+
+    if ancestor is None:
+        return False
+    parents = parent_map(proc_root)
+    for _ in range(64):
+        pid = parents.get(pid, 0)
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
+def process_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
+    """The state letter of /proc/PID/stat ('R', 'S', 'T' for stopped, ...); None when gone."""
+    try:
+        text = (Path(proc_root) / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()[0]
+
+
+# -- scenarios ------------------------------------------------------------------------------------------
+
+def _load_scenario(name: str, expected: str | None, server: VllmServer, plan: TrafficPlan, say: Say) -> ScenarioRun:
+    """Run `plan` to its end and wait for one more scrape: the shape of the traffic-only scenarios."""
+    if not server.is_running():
+        raise ScenarioError(f"the vLLM server at {server.url} is not running; start it before {name}")
+    run = ScenarioRun(name, expected, now_ms())
+    run.mark("load")
+    say(f"{name}: {plan.concurrency} clients, {plan.prompt_tokens}+{plan.max_tokens} tokens, "
+        f"{plan.duration_s:.0f} s")
+    run.traffic = BackgroundTraffic(server.url, server.model_name, plan).start().wait(
+        (plan.duration_s or 0) + plan.request_timeout_s + 30)
+    run.mark("settle")
+    time.sleep(SETTLE_S)
+    run.end_ms = now_ms()
+    return run
+
+
+def healthy(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """Light load for `seconds`: no incident may fire."""
+    return _load_scenario("healthy", None, server, healthy_plan(seconds or DEFAULT_HOLD_S["healthy"]), say)
+
+
+def queue_blocking(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """Three times more clients than sequence slots for `seconds`: requests queue for seconds each."""
+    return _load_scenario("queue_blocking", "queue_blocking", server,
+                          queue_plan(seconds or DEFAULT_HOLD_S["queue_blocking"]), say)
+
+
+def kv_cache_pressure(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """Long requests that overflow the 8-block KV cache for `seconds`: real preemptions."""
+    return _load_scenario("kv_cache_pressure", "kv_cache_pressure", server,
+                          kv_pressure_plan(seconds or DEFAULT_HOLD_S["kv_cache_pressure"]), say)
+
+
+def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float]:
+    """vLLM's scheduler gauges as the API server reports them now, summed over engines (0 when absent)."""
+    import urllib.request
+
+    from vllm_sentinel.collectors.exposition import parse
+
+    with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL
+        parsed = parse(resp.read().decode("utf-8", errors="replace"), strict=False)
+    out = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting"), 0.0)
+    for name, value in zip(parsed.names, parsed.values):
+        if name in out and value is not None:
+            out[name] += value
+    return out
+
+
+def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40) -> dict[str, float]:
+    """SIGSTOP `pid` at a moment the engine has reported running requests; return the gauges it froze with.
+
+    vLLM's gauges change only when the engine reports a step, and requests sent to a frozen engine
+    never reach its scheduler: a freeze that lands between two requests shows nothing in flight.
+    So stop, read the gauges the API server now holds for good, and when no request is running,
+    resume for a moment and try again (bounded). The process is left stopped on success, running
+    on failure.
+    """
+    for _ in range(attempts):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)  # outputs the engine sent before the stop are still being processed
+            gauges = engine_gauges(server)
+        except BaseException:
+            os.kill(pid, signal.SIGCONT)
+            raise
+        if gauges["vllm:num_requests_running"] > 0:
+            return gauges
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.4)
+    raise ScenarioError(f"EngineCore pid {pid} never had a running request in {attempts} tries: is traffic "
+                        f"reaching {server.url}? (log {server.log_path})")
+
+
+def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _quiet,
+                 warmup_s: float = 4.0) -> ScenarioRun:
+    """Freeze the EngineCore (SIGSTOP) with requests running for `seconds`, then SIGCONT it.
+
+    The API server keeps answering /metrics, so the sidecar sees running requests and flat token
+    counters. The engine is always resumed, even when the wait is interrupted.
+    """
+    stall_s = seconds or DEFAULT_HOLD_S["engine_stall"]
+    pid = find_engine_core(server)
+    run = ScenarioRun("engine_stall", "engine_stall", now_ms(), detail={"engine_core_pid": pid})
+    run.mark("load")
+    say(f"engine_stall: traffic for {warmup_s:.0f} s, then SIGSTOP EngineCore pid {pid} for {stall_s:.0f} s")
+    load = BackgroundTraffic(server.url, server.model_name, stall_plan(warmup_s + stall_s + 10)).start()
+    try:
+        time.sleep(warmup_s)
+        gauges = freeze_with_requests_running(server, pid)
+        try:
+            run.mark("stopped")
+            run.detail["frozen_with"] = gauges
+            run.detail["state_while_stopped"] = process_state(pid)
+            time.sleep(stall_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        run.mark("resumed")
+        say("engine_stall: EngineCore resumed; draining requests in flight")
+    finally:
+        run.traffic = load.wait(stall_s + 300)
+    run.mark("settle")
+    time.sleep(SETTLE_S)
+    run.end_ms = now_ms()
+    return run
+
+
+def target_down(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """Stop the server and stay down for `seconds` (the server is not restarted: run this last)."""
+    down_s = seconds or DEFAULT_HOLD_S["target_down"]
+    if not server.is_running():
+        raise ScenarioError(f"the vLLM server at {server.url} is not running; target_down needs one to stop")
+    run = ScenarioRun("target_down", "target_down", now_ms())
+    run.mark("stopping")
+    say(f"target_down: stopping the server, then {down_s:.0f} s without it")
+    run.detail["exit_code"] = server.stop()
+    run.mark("down")
+    time.sleep(down_s)
+    run.end_ms = now_ms()
+    return run
+
+
+ScenarioFn = Callable[..., ScenarioRun]
+
+# in the order a shared server runs them: healthy first (a clean window), target_down last
+SCENARIOS: dict[str, ScenarioFn] = {
+    "healthy": healthy,
+    "queue_blocking": queue_blocking,
+    "kv_cache_pressure": kv_cache_pressure,
+    "engine_stall": engine_stall,
+    "target_down": target_down,
+}
+
+
+def run_sequence(server: VllmServer, names: list[str], say: Say = _quiet,
+                 seconds: dict[str, float] | None = None, gap_s: float = 0.0) -> list[ScenarioRun]:
+    """Run scenarios one after another on one server (target_down, if asked, must be last)."""
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ScenarioError(f"unknown scenario(s) {unknown}; known: {list(SCENARIOS)}")
+    if "target_down" in names[:-1]:
+        raise ScenarioError("target_down stops the server: put it last")
+    runs = []
+    for i, name in enumerate(names):
+        if i and gap_s > 0:
+            time.sleep(gap_s)  # let rates of the previous scenario leave their windows
+        runs.append(SCENARIOS[name](server, (seconds or {}).get(name), say=say))
+    return runs

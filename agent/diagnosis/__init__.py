@@ -1,0 +1,1 @@
+"""Incidents with evidence and fixes: live configuration, vLLM defaults, KV arithmetic, diagnose."""

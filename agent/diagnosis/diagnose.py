@@ -1,0 +1,97 @@
+"""`diagnose`: incidents and a health summary over a window, in the design's JSON contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from vllm_sentinel.agent.diagnosis.captures import profile_of
+from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.diagnosis.summary import instances, summarize
+
+# rules evaluation over a window, wired in by the caller once rules are loaded:
+# (store, start_ms, end_ms, instance) -> incident dicts of the JSON contract
+WindowEvaluator = Callable[[Store, int, int, str | None], list[dict]]
+
+
+class NoDataInWindow(Exception):
+    """The store holds no sample in the asked window."""
+
+
+def iso(ms: int) -> str:
+    """Milliseconds since the epoch as RFC 3339 UTC: 0 -> '1970-01-01T00:00:00Z'."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = None, source: str = "",
+             evaluate_window: WindowEvaluator | None = None) -> dict:
+    """The diagnose document for (start_ms, end_ms]: window, source, instances, incidents, summary."""
+    seen = instances(store, start_ms, end_ms)
+    if instance is not None:
+        seen = [i for i in seen if i == instance]
+    if not seen:
+        span = store.time_range()
+        have = f"it holds {iso(span[0])} .. {iso(span[1])}" if span else "it is empty"
+        wanted = f" for instance {instance}" if instance else ""
+        raise NoDataInWindow(f"no samples{wanted} between {iso(start_ms)} and {iso(end_ms)} in {store.path}; "
+                             f"{have}. Widen --since/--until or check --db.")
+    replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
+    incidents = merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed)
+    for inc in incidents:
+        profile = profile_of(store, inc["id"])
+        if profile:
+            inc["profile"] = profile
+    return {
+        "window": {"start": iso(start_ms), "end": iso(end_ms)},
+        "source": source or f"duckdb:{store.path}",
+        "instances": seen,
+        "incidents": incidents,
+        "summary": [s.as_dict() for s in summarize(store, start_ms, end_ms, instance)],
+    }
+
+
+def merge_incidents(live: list[dict], replayed: list[dict]) -> list[dict]:
+    """Incidents the daemon recorded live, plus those the window replay found that it did not.
+
+    Live rows are exact (evaluated every few seconds as data arrived); the replay finds what no
+    daemon watched (ingested dumps, other rules). The same rule and labels overlapping in time
+    are one incident: the live row wins.
+    """
+    def key(i: dict) -> tuple:
+        return i["rule"], i.get("instance"), tuple(sorted((i.get("labels") or {}).items()))
+
+    def span(i: dict) -> tuple[str, str]:
+        return i["start"], i.get("end") or "9999"
+
+    out = list(live)
+    for r in replayed:
+        if not any(key(r) == key(x) and span(r)[0] < span(x)[1] and span(x)[0] < span(r)[1] for x in live):
+            out.append(r)
+    out.sort(key=lambda i: (i["start"], i["rule"], i["id"]))
+    return out
+
+
+def diagnose_markdown(store: Store, doc: dict, rules: list | None = None) -> str:
+    """The full Markdown of a diagnose document: the window's health, then one report per incident."""
+    from vllm_sentinel.reports.assemble import assemble_incident
+    from vllm_sentinel.reports.markdown import render_markdown
+
+    w = doc["window"]
+    lines = [f"# vllm-sentinel diagnosis, {w['start']} .. {w['end']}", "",
+             f"Source: `{doc['source']}`. Instances: {', '.join(doc['instances'])}. "
+             f"Incidents: {len(doc['incidents'])}.", ""]
+    for s in doc.get("summary", []):
+        lines += [f"## Health of {s['instance']}", "", "| signal | value |", "|---|---|"]
+        lines += [f"| {k} | {'-' if v is None else f'{v:.4g}'} |" for k, v in s["signals"].items()]
+        lines.append("")
+    end_ms = _parse_iso_ms(w["end"])
+    for inc in doc["incidents"]:
+        data = assemble_incident(store, inc, now_ms=end_ms, rules=rules, source=doc["source"])
+        # charts are files; in a terminal the evidence table's sparklines stand in for them
+        lines += ["---", "", render_markdown(data), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _parse_iso_ms(text: str) -> int:
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() * 1000)

@@ -1,0 +1,435 @@
+"""Incidents: firing alerts of the loaded rules, with evidence and fixes, live and over a window.
+
+* `Evaluator` is the sidecar's evaluation hook: called every few seconds with the store and a
+  time, it evaluates the rules, and opens, updates and resolves rows of the `incidents` table.
+* `evaluate_window` evaluates the alerting rules over a past window as a range query, then
+  replays Prometheus' alert state machine over the steps, so an incident that came and went
+  inside the window is found, `for` and `keep_firing_for` included. It returns incident dicts in
+  the `diagnose --format json` contract (DESIGN §3).
+
+An incident starts when its alert fires (Alertmanager's startsAt) and ends when it resolves.
+Evidence is read at the incident's peak; fixes are computed from a configuration snapshot by
+functions registered with `register_fix` (the rule pack adds them; unknown names say so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from vllm_sentinel.agent.alerts.state import (FIRING, PENDING, AlertingRuleState, GroupEvaluator,
+                                          label_key, store_sink, to_vector)
+from vllm_sentinel.agent.alerts.backfill import needs_replay, replay_store
+from vllm_sentinel.agent.alerts.rulefile import Rule, RuleFile, RuleGroup
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STEP_MS = 5_000
+# labels an incident shows separately from its `labels`
+_OWN_LABELS = ("alertname", "incident", "severity", "instance")
+
+# -- the fix hook ----------------------------------------------------------------------------------
+# compute(config, evidence, labels) -> {"current": ..., "suggested": ..., "why": ...} or None (no advice)
+FixFunction = Callable[[Mapping[str, Any], Mapping[str, float | None], Mapping[str, str]], dict | None]
+FIX_FUNCTIONS: dict[str, FixFunction] = {}
+FIX_PLUGIN_MODULE = "vllm_sentinel.agent.diagnosis.fixes"
+
+
+def register_fix(name: str) -> Callable[[FixFunction], FixFunction]:
+    """Register a fix function under the name rule files use in `fix: [{compute: NAME}]`.
+
+    The function gets the configuration snapshot of the incident's instance (vLLM flags and
+    cache config: {'max_num_seqs': 256, ...}), the evidence values by signal name and the
+    alert's labels, and returns {'current': '256', 'suggested': '128', 'why': '...'} or None.
+    """
+    def deco(fn: FixFunction) -> FixFunction:
+        FIX_FUNCTIONS[name] = fn
+        return fn
+    return deco
+
+
+def load_fix_plugins() -> None:
+    """Import the module that registers the rule pack's fix functions, when it exists."""
+    try:
+        importlib.import_module(FIX_PLUGIN_MODULE)
+    except ModuleNotFoundError as e:
+        if e.name != FIX_PLUGIN_MODULE:
+            raise
+
+
+def compute_fixes(rule: Rule, config: Mapping[str, Any], evidence: Mapping[str, float | None],
+                  labels: Mapping[str, str]) -> list[dict]:
+    """The rule's fix items, filled from `config` and the evidence values."""
+    out = []
+    for f in rule.fix:
+        current = config.get(f.param.lstrip("-").replace("-", "_"))
+        item = {"param": f.param, "current": None if current is None else str(current),
+                "suggested": f.suggest, "why": f.why}
+        if f.compute:
+            fn = FIX_FUNCTIONS.get(f.compute)
+            if fn is None:
+                item["why"] = f"fix function {f.compute!r} is not registered (see incidents.register_fix)"
+            else:
+                try:
+                    computed = fn(config, evidence, labels)
+                except Exception as e:  # a broken fix function must not stop incident tracking
+                    log.warning("fix function %s failed: %s", f.compute, e)
+                    computed = {"why": f"fix function {f.compute!r} failed: {e}"}
+                if computed is None:
+                    continue
+                item.update({k: (None if v is None else str(v)) for k, v in computed.items()
+                             if k in ("current", "suggested", "why")})
+        out.append(item)
+    return out
+
+
+# -- evidence ----------------------------------------------------------------------------------
+def _matches(sample_labels: Mapping[str, str], alert_labels: Mapping[str, str]) -> int:
+    """How many labels a sample shares with the alert, or -1 when one of them disagrees."""
+    shared = 0
+    for k, v in sample_labels.items():
+        if k == "__name__":
+            continue
+        if k in alert_labels:
+            if alert_labels[k] != v:
+                return -1
+            shared += 1
+    return shared
+
+
+def pick_for_alert(vector: list[tuple[dict[str, str], float]], labels: Mapping[str, str]) -> float | None:
+    """The sample of an evidence result that belongs to an alert: the one agreeing with the alert's
+    labels and sharing most of them ({instance: a} picks the series of instance a)."""
+    best, best_score = None, -1
+    for sl, v in vector:
+        score = _matches(sl, labels)
+        if score > best_score:
+            best, best_score = v, score
+    return best
+
+
+def evidence_values(rule: Rule, query: Callable[[str, int], Any], t_ms: int,
+                    labels: Mapping[str, str]) -> list[dict]:
+    """Each evidence signal of `rule` evaluated at `t_ms` for the alert with `labels`."""
+    out = []
+    for ev in rule.evidence:
+        try:
+            value = pick_for_alert(to_vector(query(ev.expr, t_ms)), labels)
+        except Exception as e:  # an evidence query that fails is shown as missing, with why
+            log.warning("evidence %s of %s failed: %s", ev.signal, rule.name, e)
+            value = None
+        # the expression travels with the value, so a report can chart it after the rule file changed
+        out.append({"signal": ev.signal, "value": _json_float(value), "threshold": ev.threshold, "unit": ev.unit,
+                    "expr": ev.expr})
+    return out
+
+
+def _json_float(v: float | None) -> float | None:
+    if v is None or v != v or v in (float("inf"), float("-inf")):
+        return None  # JSON has no NaN/Inf
+    return v
+
+
+# -- incident records ----------------------------------------------------------------------------
+def iso(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as RFC 3339 UTC, with milliseconds when not whole seconds."""
+    if ms is None:
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%SZ" if ms % 1000 == 0 else "%Y-%m-%dT%H:%M:%S.%fZ"
+    s = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
+    return s if ms % 1000 == 0 else s[:-4] + "Z"
+
+
+def incident_id(rule: str, labels: Mapping[str, str], start_ms: int) -> str:
+    """Stable id from rule, labels and start: the same episode always gets the same id."""
+    text = rule + "\x00" + json.dumps(sorted(labels.items())) + "\x00" + str(start_ms)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Incident:
+    """One firing episode of one alert."""
+
+    rule: Rule
+    labels: dict[str, str]
+    start_ms: int
+    end_ms: int | None = None
+    peak: float | None = None
+    peak_ms: int | None = None
+    last_value: float | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    evidence: list[dict] = field(default_factory=list)
+    fixes: list[dict] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        """The stable id."""
+        return incident_id(self.rule.name, self.labels, self.start_ms)
+
+    @property
+    def state(self) -> str:
+        """'firing' or 'resolved'."""
+        return "firing" if self.end_ms is None else "resolved"
+
+    def observe(self, value: float, t_ms: int) -> bool:
+        """Record a value while firing; True when it is a new peak (evidence is then re-read)."""
+        self.last_value = value
+        if self.peak is None or value > self.peak or (self.peak != self.peak and value == value):
+            self.peak, self.peak_ms = value, t_ms
+            return True
+        return False
+
+    def as_dict(self) -> dict:
+        """The incident in the diagnose JSON contract."""
+        return {
+            "id": self.id,
+            "incident": self.labels.get("incident") or self.rule.incident or self.rule.name,
+            "rule": self.rule.name,
+            "severity": self.labels.get("severity") or self.rule.severity,
+            "instance": self.labels.get("instance"),
+            "labels": {k: v for k, v in sorted(self.labels.items()) if k not in _OWN_LABELS},
+            "start": iso(self.start_ms),
+            "end": iso(self.end_ms),
+            "state": self.state,
+            "summary": self.annotations.get("summary", ""),
+            "peak": _json_float(self.peak),
+            "evidence": self.evidence,
+            "fixes": self.fixes,
+        }
+
+
+ConfigFor = Callable[[str | None], Mapping[str, Any]]
+
+
+def _no_config(_instance: str | None) -> Mapping[str, Any]:
+    return {}
+
+
+def _alerting_rules(groups: list[RuleGroup]) -> list[Rule]:
+    return [r for g in groups for r in g.rules if r.is_alert]
+
+
+def _groups_of(rules: list[RuleFile] | list[RuleGroup]) -> list[RuleGroup]:
+    out: list[RuleGroup] = []
+    for x in rules:
+        out.extend(x.groups if isinstance(x, RuleFile) else [x])
+    return out
+
+
+# -- live evaluation -------------------------------------------------------------------------------
+class Evaluator:
+    """The sidecar's evaluation hook: `evaluator(store, now_ms)` evaluates the rules once and keeps
+    the incidents table current. Returns {'active': {(incident, severity): n}, 'opened': [ids],
+    'resolved': [ids], 'errors': ['rule: message']}."""
+
+    def __init__(self, rules: list[RuleFile] | list[RuleGroup], engine_factory: Callable[[Any], Any] | None = None,
+                 config_for: ConfigFor = _no_config, external_labels: dict[str, str] | None = None):
+        load_fix_plugins()
+        self.groups = _groups_of(rules)
+        self.config_for = config_for
+        self.external_labels = external_labels
+        self._engine_factory = engine_factory or _default_engine
+        self._store: Any = None
+        self._engine: Any = None
+        self._groups_eval: GroupEvaluator | None = None
+        self.open: dict[tuple[str, tuple], Incident] = {}
+
+    def _bind(self, store: Any) -> None:
+        if self._store is store:
+            return
+        self._store = store
+        self._engine = self._engine_factory(store)
+        self._groups_eval = GroupEvaluator(self.groups, self._engine.instant, store_sink(store),
+                                           external_labels=self.external_labels)
+        self._load_open(store)
+
+    def _load_open(self, store: Any) -> None:
+        # episodes still firing when the sidecar stopped continue if the alert fires again
+        by_name = {r.name: r for r in _alerting_rules(self.groups)}
+        rows = store.cursor().execute(
+            "SELECT rule, labels, start_ms, peak, peak_ms, last_value, annotations, evidence, fixes "
+            "FROM incidents WHERE state = 'firing'").fetchall()
+        for rule_name, labels, start, peak, peak_ms, last, ann, ev, fx in rows:
+            rule = by_name.get(rule_name)
+            if rule is None:
+                continue
+            labels = dict(labels)
+            inc = Incident(rule, labels, start, None, peak, peak_ms, last, json.loads(ann or "{}"),
+                           json.loads(ev or "[]"), json.loads(fx or "[]"))
+            self.open[(rule.name, label_key(labels))] = inc
+
+    def __call__(self, store: Any, now_ms: int) -> dict:
+        """Evaluate all rules at `now_ms` and update the incidents table."""
+        self._bind(store)
+        assert self._groups_eval is not None
+        results = self._groups_eval.eval(now_ms)
+        errors = [f"{r.rule.name}: {r.error}" for r in results if r.error]
+        opened, changed, resolved = [], [], []
+        seen: set[tuple[str, tuple]] = set()
+        for rule in _alerting_rules(self.groups):
+            state = self._groups_eval.state(rule)
+            for a in state.active_alerts():
+                key = (rule.name, label_key(a.labels))
+                inc = self.open.get(key)
+                if a.state == PENDING:
+                    if inc is not None:
+                        seen.add(key)  # re-pending after a restart: the open episode is not over yet
+                    continue
+                seen.add(key)
+                if inc is None:
+                    inc = Incident(rule, dict(a.labels), a.fired_at_ms or now_ms)
+                    self.open[key] = inc
+                    opened.append(inc)
+                inc.annotations = dict(a.annotations)
+                if inc.observe(a.value, now_ms) or not inc.evidence:
+                    self._fill(inc, now_ms)
+                changed.append(inc)
+        for key, inc in list(self.open.items()):
+            if key not in seen:
+                inc.end_ms = now_ms
+                resolved.append(inc)
+                del self.open[key]
+        self._save(store, changed + resolved, now_ms)
+        active: dict[tuple[str, str], int] = {}
+        for inc in self.open.values():
+            d = (inc.labels.get("incident") or inc.rule.name, inc.labels.get("severity") or "")
+            active[d] = active.get(d, 0) + 1
+        return {"active": active, "opened": [i.id for i in opened], "resolved": [i.id for i in resolved],
+                "errors": errors}
+
+    def _fill(self, inc: Incident, t_ms: int) -> None:
+        inc.evidence = evidence_values(inc.rule, self._engine.instant, t_ms, inc.labels)
+        values = {e["signal"]: e["value"] for e in inc.evidence}
+        inc.fixes = compute_fixes(inc.rule, self.config_for(inc.labels.get("instance")), values, inc.labels)
+
+    def _save(self, store: Any, incidents: list[Incident], now_ms: int) -> None:
+        if not incidents:
+            return
+        rows = [(i.id, i.labels.get("incident") or i.rule.incident or i.rule.name, i.rule.name,
+                 i.labels.get("severity") or i.rule.severity, i.labels.get("instance"), i.labels,
+                 json.dumps(sorted(i.labels.items())), i.start_ms, i.end_ms, i.state, i.peak, i.peak_ms,
+                 i.last_value, i.annotations.get("summary", ""), json.dumps(i.annotations),
+                 json.dumps(i.evidence), json.dumps(i.fixes), now_ms) for i in incidents]
+        cur = store.cursor()
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            cur.executemany("INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            rows)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+
+
+def stored_incidents(store: Any, start_ms: int, end_ms: int, instance: str | None = None) -> list[dict]:
+    """Incidents from the table that overlap (start_ms, end_ms], in the diagnose JSON contract."""
+    rows = store.cursor().execute(
+        "SELECT id, incident, rule, severity, instance, labels, start_ms, end_ms, state, summary, peak, "
+        "evidence, fixes FROM incidents WHERE start_ms <= ? AND (end_ms IS NULL OR end_ms > ?) "
+        "AND (? IS NULL OR instance = ?) ORDER BY start_ms, id", [end_ms, start_ms, instance, instance]).fetchall()
+    return [{"id": r[0], "incident": r[1], "rule": r[2], "severity": r[3], "instance": r[4],
+             "labels": {k: v for k, v in sorted(dict(r[5]).items()) if k not in _OWN_LABELS},
+             "start": iso(r[6]), "end": iso(r[7]), "state": r[8], "summary": r[9] or "",
+             "peak": _json_float(r[10]), "evidence": json.loads(r[11] or "[]"), "fixes": json.loads(r[12] or "[]")}
+            for r in rows]
+
+
+# -- evaluation over a window ------------------------------------------------------------------
+def evaluate_window(store: Any, start_ms: int, end_ms: int, instance: str | None,
+                    rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,
+                    engine_factory: Callable[[Any], Any] | None = None,
+                    config_for: ConfigFor = _no_config) -> list[dict]:
+    """Incidents of the alerting rules inside (start_ms, end_ms], found by range evaluation.
+
+    Each alert expression is evaluated once as a range query from `start_ms - for` (so an
+    alert already pending at the window start can fire inside it) to `end_ms`; the alert state
+    machine then steps through the result exactly as live evaluation would. An alert that reads
+    a recording rule's series the store lacks (history the sidecar never evaluated) runs on a
+    replay copy where the recording rules were evaluated first (agent/alerts/backfill.py).
+    """
+    load_fix_plugins()
+    factory = engine_factory or _default_engine
+    groups = _groups_of(rules)
+    alerts = _alerting_rules(groups)
+    if not alerts:
+        return []
+    overlay = None
+    if needs_replay(store, groups):
+        first = min(((start_ms - r.for_ms) // step_ms) * step_ms for r in alerts)
+        overlay = replay_store(store, groups, first, end_ms, step_ms, factory)
+    try:
+        engine = factory(overlay if overlay is not None else store)
+        found: list[Incident] = []
+        for rule in alerts:
+            found.extend(_replay(rule, engine, start_ms, end_ms, step_ms))
+        out = []
+        for inc in found:
+            if instance is not None and inc.labels.get("instance") != instance:
+                continue
+            t = inc.peak_ms if inc.peak_ms is not None else inc.start_ms
+            inc.evidence = evidence_values(inc.rule, engine.instant, t, inc.labels)
+            values = {e["signal"]: e["value"] for e in inc.evidence}
+            inc.fixes = compute_fixes(inc.rule, config_for(inc.labels.get("instance")), values, inc.labels)
+            out.append(inc.as_dict())
+    finally:
+        if overlay is not None:
+            overlay.close()
+    out.sort(key=lambda d: (d["start"], d["rule"], d["id"]))
+    return out
+
+
+def _replay(rule: Rule, engine: Any, start_ms: int, end_ms: int, step_ms: int) -> list[Incident]:
+    """Step Prometheus' alert state machine over one range evaluation of the rule's expression."""
+    # align steps to the grid so repeated diagnoses of overlapping windows agree
+    first = ((start_ms - rule.for_ms) // step_ms) * step_ms
+    series = engine.range(rule.expr, first, end_ms, step_ms)
+    by_t: dict[int, list[tuple[dict[str, str], float]]] = {}
+    for s in series:
+        for t, v in s.points:
+            by_t.setdefault(t, []).append((dict(s.labels), float(v)))
+    state = AlertingRuleState(rule)
+    open_: dict[tuple, Incident] = {}
+    done: list[Incident] = []
+    t = first
+    while t <= end_ms:
+        vector = by_t.get(t, [])
+        if vector or state.active:
+            state.eval(vector, t)
+            firing_now = set()
+            for a in state.active_alerts():
+                if a.state != FIRING:
+                    continue
+                key = label_key(a.labels)
+                firing_now.add(key)
+                inc = open_.get(key)
+                if inc is None:
+                    inc = open_[key] = Incident(rule, dict(a.labels), a.fired_at_ms or t)
+                inc.annotations = dict(a.annotations)
+                inc.observe(a.value, t)
+            for key in [k for k in open_ if k not in firing_now]:
+                inc = open_.pop(key)
+                inc.end_ms = t
+                done.append(inc)
+        t += step_ms
+    done.extend(open_.values())
+    # keep episodes that overlap the window: fired by its end, not resolved before its start
+    return [i for i in done if i.start_ms <= end_ms and (i.end_ms is None or i.end_ms > start_ms)]
+
+
+def window_evaluator(rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,
+                     config_for: ConfigFor = _no_config) -> Callable[[Any, int, int, str | None], list[dict]]:
+    """`diagnose`'s WindowEvaluator for these rules: (store, start_ms, end_ms, instance) -> incidents."""
+    def evaluate(store: Any, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
+        return evaluate_window(store, start_ms, end_ms, instance, rules, step_ms, config_for=config_for)
+    return evaluate
+
+
+def _default_engine(store: Any) -> Any:
+    from vllm_sentinel.agent.promql.engine import Engine
+    return Engine(store, lookback_ms=300_000)

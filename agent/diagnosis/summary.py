@@ -1,0 +1,151 @@
+"""Per-instance health over a window, from counters and histograms (PromQL over the store)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vllm_sentinel.agent.promql.engine import Engine, PromQLError
+from vllm_sentinel.agent.store.db import Store
+
+# name -> (PromQL with {w} = window in seconds, unit); every expression keeps `instance`.
+# Counters and histograms over the whole window, not instantaneous gauges: on a busy host the API
+# server answers /metrics between engine steps, so gauges often read 0 under load.
+SIGNALS: dict[str, tuple[str, str]] = {
+    "scrapes": ("sum by (instance) (count_over_time(up[{w}s]))", ""),
+    "scrapes_ok": ("sum by (instance) (sum_over_time(up[{w}s]))", ""),
+    "scrape_duration_avg_seconds": ("avg by (instance) (avg_over_time(scrape_duration_seconds[{w}s]))", "s"),
+    "request_rate_per_s": ("sum by (instance) (increase(vllm:request_success_total[{w}s])) / {w}", "req/s"),
+    "requests_finished": ("sum by (instance) (increase(vllm:request_success_total[{w}s]))", ""),
+    "prompt_tokens_per_s": ("sum by (instance) (increase(vllm:prompt_tokens_total[{w}s])) / {w}", "tok/s"),
+    "generation_tokens_per_s": ("sum by (instance) (increase(vllm:generation_tokens_total[{w}s])) / {w}",
+                                "tok/s"),
+    "queue_time_p50_seconds": (
+        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:request_queue_time_seconds_bucket[{w}s])))",
+        "s"),
+    "queue_time_p95_seconds": (
+        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:request_queue_time_seconds_bucket[{w}s])))",
+        "s"),
+    "ttft_p50_seconds": (
+        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:time_to_first_token_seconds_bucket[{w}s])))",
+        "s"),
+    "ttft_p95_seconds": (
+        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:time_to_first_token_seconds_bucket[{w}s])))",
+        "s"),
+    "itl_p50_seconds": (
+        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:inter_token_latency_seconds_bucket[{w}s])))",
+        "s"),
+    "itl_p95_seconds": (
+        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:inter_token_latency_seconds_bucket[{w}s])))",
+        "s"),
+    "e2e_p95_seconds": (
+        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:e2e_request_latency_seconds_bucket[{w}s])))",
+        "s"),
+    "kv_cache_usage_peak": ("max by (instance) (max_over_time(vllm:kv_cache_usage_perc[{w}s]))", "ratio"),
+    "preemptions": ("sum by (instance) (increase(vllm:num_preemptions_total[{w}s]))", ""),
+    "running_peak": ("max by (instance) (max_over_time(vllm:num_requests_running[{w}s]))", ""),
+    "waiting_peak": ("max by (instance) (max_over_time(vllm:num_requests_waiting[{w}s]))", ""),
+    "gpu_util_avg_percent": ("avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}s]))", "%"),
+    "gpu_fb_used_peak_mib": ("max by (instance) (max_over_time(DCGM_FI_DEV_FB_USED[{w}s]))", "MiB"),
+}
+
+
+# signals drawn as sparklines over the window: name -> PromQL with {s} = step in seconds
+TRENDS: dict[str, str] = {
+    "request_rate_per_s": "sum by (instance) (rate(vllm:request_success_total[{s}s]))",
+    "generation_tokens_per_s": "sum by (instance) (rate(vllm:generation_tokens_total[{s}s]))",
+    "ttft_p95_seconds": "histogram_quantile(0.95, sum by (instance, le) "
+                        "(rate(vllm:time_to_first_token_seconds_bucket[{s}s])))",
+    "queue_time_p95_seconds": "histogram_quantile(0.95, sum by (instance, le) "
+                              "(rate(vllm:request_queue_time_seconds_bucket[{s}s])))",
+    "kv_cache_usage_peak": "max by (instance) (max_over_time(vllm:kv_cache_usage_perc[{s}s]))",
+    "preemptions_per_s": "sum by (instance) (rate(vllm:num_preemptions_total[{s}s]))",
+    "gpu_util_percent": "avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{s}s]))",
+}
+TREND_POINTS = 40
+
+
+@dataclass
+class InstanceSummary:
+    """What happened on one instance in the window."""
+
+    instance: str
+    series: int
+    signals: dict[str, float | None]
+    last_error: str | None = None
+    trends: dict[str, list[float | None]] = field(default_factory=dict)  # TREND_POINTS values each
+
+    def as_dict(self) -> dict:
+        """JSON-ready form (NaN becomes null)."""
+        return {"instance": self.instance, "series": self.series, "last_error": self.last_error,
+                "signals": {k: _finite(v) for k, v in self.signals.items()},
+                "trends": {k: [_finite(v) for v in vs] for k, vs in self.trends.items()}}
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) or math.isinf(v) else round(v, 6)
+
+
+def instances(store: Store, start_ms: int, end_ms: int) -> list[str]:
+    """Instances with at least one sample in the window, sorted."""
+    rows = store.con.execute(
+        f"SELECT DISTINCT s.instance FROM {store.samples_sql(start_ms, end_ms)} x JOIN series s USING (series_id) "
+        "WHERE x.ts > ? AND x.ts <= ? ORDER BY 1", [start_ms, end_ms]).fetchall()
+    return [r[0] for r in rows]
+
+
+def summarize(store: Store, start_ms: int, end_ms: int, instance: str | None = None) -> list[InstanceSummary]:
+    """One InstanceSummary per instance seen in (start_ms, end_ms]."""
+    names = [i for i in instances(store, start_ms, end_ms) if instance is None or i == instance]
+    if not names:
+        return []
+    window_s = max(1, (end_ms - start_ms) // 1000)
+    engine = Engine(store)
+    per: dict[str, dict[str, float | None]] = {n: {} for n in names}
+    for key, (expr, _unit) in SIGNALS.items():
+        try:
+            result = engine.instant(expr.format(w=window_s), end_ms)
+        except PromQLError:
+            result = []
+        for sample in result if isinstance(result, list) else []:
+            inst = sample.labels.get("instance")
+            if inst in per:
+                per[inst][key] = sample.value
+    counts = dict(store.con.execute(
+        "SELECT instance, count(*) FROM series GROUP BY 1").fetchall())
+    errors = _last_errors(store, start_ms, end_ms)
+    trends = _trends(engine, start_ms, end_ms, names)
+    return [InstanceSummary(n, counts.get(n, 0), {k: per[n].get(k) for k in SIGNALS}, errors.get(n), trends[n])
+            for n in names]
+
+
+def _trends(engine: Engine, start_ms: int, end_ms: int, names: list[str]) -> dict[str, dict[str, list]]:
+    """TREND_POINTS values per signal and instance, each over its own step (None where no data)."""
+    step_ms = max(1000, (end_ms - start_ms) // TREND_POINTS)
+    # a rate needs at least two scrapes inside its window; 1 s scrapes make 15 s the smallest useful one
+    step_s = max(15, step_ms // 1000)
+    times = [end_ms - (TREND_POINTS - 1 - i) * step_ms for i in range(TREND_POINTS)]
+    out: dict[str, dict[str, list]] = {n: {} for n in names}
+    for key, expr in TRENDS.items():
+        try:
+            result = engine.range(expr.format(s=step_s), times[0], times[-1], step_ms)
+        except PromQLError:
+            continue
+        for series in result:
+            inst = series.labels.get("instance")
+            if inst in out:
+                at = dict(series.points)
+                out[inst][key] = [at.get(t) for t in times]
+    return out
+
+
+def _last_errors(store: Store, start_ms: int, end_ms: int) -> dict[str, str]:
+    rows = store.con.execute(
+        "SELECT instance, arg_max(message, ts) FROM events WHERE kind = 'scrape_error' AND ts > ? AND ts <= ? "
+        "GROUP BY 1", [start_ms, end_ms]).fetchall()
+    return dict(rows)
+
+
+def unit_of(signal: str) -> str:
+    """The unit of a summary signal ('' when it is a count)."""
+    return SIGNALS[signal][1]

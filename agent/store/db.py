@@ -1,0 +1,370 @@
+"""The DuckDB store: a series dictionary plus narrow samples in hourly partitions.
+
+One process (the daemon, or `ingest`) opens the file read-write; DuckDB locks every other
+process out, readers included, so readers go through the daemon's local API and open the
+file read-only only when no daemon holds it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from vllm_sentinel.agent.store.migrations import MIGRATIONS
+from vllm_sentinel.collectors.base import Batch, Event, format_labels
+from vllm_sentinel.collectors.exposition import parse_labels
+
+HOUR_MS = 3_600_000
+# a partition is "closed" (safe to sort) once its hour ended this long ago: late scrapes land first
+CLOSE_GRACE_MS = 120_000
+
+class StoreError(Exception):
+    """A store problem an operator can act on; the message names the fix."""
+
+
+class StoreLocked(StoreError):
+    """Another process holds the DuckDB file."""
+
+
+class StoreCorrupt(StoreError):
+    """The file is not a readable DuckDB database."""
+
+
+class SchemaMissing(StoreError):
+    """A read-only open found no (or an older) vllm-sentinel schema."""
+
+
+def partition_name(index: int) -> str:
+    """Table name of the hourly partition with this hour index since the epoch."""
+    return f"samples_{index}"
+
+
+def _open_connection(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(path, read_only=read_only)
+    except duckdb.IOException as e:
+        msg = str(e)
+        if "lock" in msg.lower():
+            pid = re.search(r"PID (\d+)", msg)
+            holder = f" (PID {pid.group(1)})" if pid else ""
+            raise StoreLocked(
+                f"{path} is held by another process{holder}. If it is the vllm-sentinel daemon, "
+                "ask it through its API (it is used automatically when its socket exists); "
+                "otherwise stop that process or copy nothing from a live file."
+            ) from e
+        if not read_only and not Path(path).exists():
+            raise StoreError(f"cannot create {path}: {msg}. Check the directory exists and is writable.") from e
+        raise StoreCorrupt(
+            f"{path} could not be opened as a DuckDB database ({msg.splitlines()[0]}). "
+            "Move the file aside and start with a new --db; vllm-sentinel never overwrites it."
+        ) from e
+    except (duckdb.Error, RuntimeError) as e:
+        raise StoreCorrupt(
+            f"{path} could not be opened as a DuckDB database ({str(e).splitlines()[0]}). "
+            "Move the file aside and start with a new --db; vllm-sentinel never overwrites it."
+        ) from e
+
+
+class Store:
+    """Series dictionary + hourly sample partitions in one DuckDB file."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, read_only: bool):
+        self.con = con
+        self.path = path
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._series: dict[tuple[str, str, str], int] = {}  # (instance, metric, label text as seen)
+        self._canonical: dict[tuple[str, str, str], int] = {}  # (instance, metric, canonical text)
+        self._next_id = 0
+        self._partitions: dict[int, bool] = {}  # hour index -> sorted
+        self._load()
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, read_only: bool = False) -> "Store":
+        """Open (and create or migrate, when read-write) the store at `path`."""
+        path = str(path)
+        if path != ":memory:" and not read_only:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if read_only and path != ":memory:" and not Path(path).exists():
+            raise StoreError(f"{path} does not exist. Run `vllm-sentinel run` or `ingest` with this --db first.")
+        con = _open_connection(path, read_only)
+        try:
+            if read_only:
+                _check_schema(con, path)
+            else:
+                migrate(con)
+            return cls(con, path, read_only)
+        except duckdb.Error as e:
+            con.close()
+            raise StoreCorrupt(f"{path}: {str(e).splitlines()[0]}. Move the file aside and use a new --db.") from e
+
+    def close(self) -> None:
+        """Commit nothing pending (every append is its own transaction) and release the file."""
+        with self._lock:
+            self.con.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor for reads from another thread (DuckDB connections are not shared across threads)."""
+        return self.con.cursor()
+
+    def reader(self) -> "Store":
+        """A read-only view for another thread: same partitions, its own cursor (a consistent snapshot)."""
+        view = object.__new__(Store)
+        view.__dict__.update(self.__dict__)
+        view.con = self.con.cursor()
+        view.read_only = True
+        view._partitions = dict(self._partitions)
+        return view
+
+    def _load(self) -> None:
+        rows = self.con.execute("SELECT series_id, instance, metric, labels_text FROM series").fetchall()
+        for sid, instance, metric, text in rows:
+            self._canonical[(instance, metric, text)] = sid
+            self._series[(instance, metric, text)] = sid
+        self._next_id = max((r[0] for r in rows), default=-1) + 1
+        for idx, is_sorted in self.con.execute("SELECT idx, sorted FROM partitions").fetchall():
+            self._partitions[idx] = bool(is_sorted)
+
+    # -- writing -----------------------------------------------------------------------------
+    def append(self, batch: Batch) -> int:
+        """Store one batch in one transaction; returns the number of samples written."""
+        return self.append_many([batch])
+
+    def append_many(self, batches: Iterable[Batch]) -> int:
+        """Store several batches (one scrape tick) in one transaction, built as Arrow columns."""
+        if self.read_only:
+            raise StoreError(f"{self.path} is open read-only; writes go through the daemon.")
+        with self._lock:
+            ts_col: list[int] = []
+            sid_col: list[int] = []
+            val_col: list[float | None] = []
+            new_series: list[tuple[int, str, str, dict[str, str], str, str]] = []
+            events: list[Event] = []
+            for b in batches:
+                events.extend(b.events)
+                self._intern_batch(b, sid_col, new_series)
+                default_ts = b.ts_ms
+                ts_col.extend(default_ts if t is None else t for t in b.timestamps_ms)
+                val_col.extend(b.values)
+            if not ts_col and not events and not new_series:
+                return 0
+            samples = pa.table({
+                "ts": pa.array(ts_col, pa.int64()),
+                "series_id": pa.array(sid_col, pa.uint32()),
+                "value": pa.array(val_col, pa.float64()),
+            })
+            hours = sorted({t // HOUR_MS for t in ts_col})
+            con = self.con
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for idx in hours:
+                    if idx not in self._partitions:
+                        self._create_partition(idx)
+                if new_series:
+                    con.register("_new_series", _series_table(new_series))
+                    con.execute("INSERT INTO series SELECT * FROM _new_series")
+                    con.unregister("_new_series")
+                con.register("_batch", samples)
+                if len(hours) == 1:
+                    con.execute(f"INSERT INTO {partition_name(hours[0])} SELECT * FROM _batch")
+                else:
+                    for idx in hours:
+                        con.execute(f"INSERT INTO {partition_name(idx)} SELECT * FROM _batch "
+                                    f"WHERE ts >= {idx * HOUR_MS} AND ts < {(idx + 1) * HOUR_MS}")
+                con.unregister("_batch")
+                for idx in hours:
+                    if self._partitions.get(idx):
+                        con.execute("UPDATE partitions SET sorted = false WHERE idx = ?", [idx])
+                if events:
+                    con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
+                        (e.ts_ms, e.instance, e.kind, e.labels, e.message) for e in events])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                # forget ids handed out in the failed transaction so they are handed out again
+                if new_series:
+                    first = new_series[0][0]
+                    self._series = {k: v for k, v in self._series.items() if v < first}
+                    self._canonical = {k: v for k, v in self._canonical.items() if v < first}
+                    self._next_id = first
+                raise
+            for idx in hours:
+                self._partitions[idx] = False
+            return len(ts_col)
+
+    def _intern_batch(self, b: Batch, sid_col: list[int], new_series: list) -> None:
+        instance = b.instance
+        cache = self._series
+        for metric, text in zip(b.metrics, b.labels):
+            key = (instance, metric, text)
+            sid = cache.get(key)
+            if sid is None:
+                sid = self._new_series_id(instance, metric, text, b.sources.get(metric, metric), new_series)
+                cache[key] = sid
+            sid_col.append(sid)
+
+    def _new_series_id(self, instance: str, metric: str, text: str, source: str, new_series: list) -> int:
+        # label text from different writers may order labels differently: canonicalise once per series
+        labels = parse_labels(text)
+        labels.pop("instance", None)
+        canonical = format_labels(labels)
+        sid = self._canonical.get((instance, metric, canonical))
+        if sid is None:
+            sid = self._next_id
+            self._next_id += 1
+            self._canonical[(instance, metric, canonical)] = sid
+            new_series.append((sid, instance, metric, labels, canonical, source))
+        return sid
+
+    def _create_partition(self, idx: int) -> None:
+        name = partition_name(idx)
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} (ts BIGINT NOT NULL, series_id UINTEGER NOT NULL, value DOUBLE)")
+        self.con.execute("INSERT INTO partitions VALUES (?, ?, ?, ?, false)", [idx, name, idx * HOUR_MS, (idx + 1) * HOUR_MS])
+        self._partitions[idx] = False
+        self._refresh_view()
+
+    def _refresh_view(self) -> None:
+        # `samples` spans every partition, for ad-hoc SQL; the engine uses samples_sql() instead
+        names = [partition_name(i) for i in sorted(self._partitions)]
+        body = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names) if names else _EMPTY_SAMPLES
+        self.con.execute(f"CREATE OR REPLACE VIEW samples AS {body}")
+
+    # -- maintenance -------------------------------------------------------------------------
+    def drop_before(self, cutoff_ms: int) -> list[str]:
+        """Retention: drop whole partitions whose hour ended at or before `cutoff_ms`."""
+        dropped = []
+        with self._lock:
+            old = [i for i in sorted(self._partitions) if (i + 1) * HOUR_MS <= cutoff_ms]
+            if not old:
+                return dropped
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                for idx in old:
+                    self.con.execute(f"DROP TABLE {partition_name(idx)}")
+                    self.con.execute("DELETE FROM partitions WHERE idx = ?", [idx])
+                    dropped.append(partition_name(idx))
+                remaining = {i: s for i, s in self._partitions.items() if i not in old}
+                saved, self._partitions = self._partitions, remaining
+                self._refresh_view()
+                self.con.execute("DELETE FROM events WHERE ts < ?", [cutoff_ms])
+                self.con.execute("COMMIT")
+            except BaseException:
+                self._partitions = saved
+                self.con.execute("ROLLBACK")
+                raise
+        return dropped
+
+    def sort_closed(self, now_ms: int) -> list[str]:
+        """Rewrite partitions whose hour has closed sorted by (series_id, ts): smaller and faster to query."""
+        done = []
+        with self._lock:
+            for idx, is_sorted in sorted(self._partitions.items()):
+                if is_sorted or (idx + 1) * HOUR_MS + CLOSE_GRACE_MS > now_ms:
+                    continue
+                name = partition_name(idx)
+                self.con.execute("BEGIN TRANSACTION")
+                try:
+                    self.con.execute(f"CREATE TABLE {name}_sorting AS SELECT * FROM {name} ORDER BY series_id, ts")
+                    self.con.execute(f"DROP VIEW IF EXISTS samples")
+                    self.con.execute(f"DROP TABLE {name}")
+                    self.con.execute(f"ALTER TABLE {name}_sorting RENAME TO {name}")
+                    self.con.execute("UPDATE partitions SET sorted = true WHERE idx = ?", [idx])
+                    self._refresh_view()
+                    self.con.execute("COMMIT")
+                except BaseException:
+                    self.con.execute("ROLLBACK")
+                    raise
+                self._partitions[idx] = True
+                done.append(name)
+            if done:
+                self.con.execute("CHECKPOINT")
+        return done
+
+    # -- reading -----------------------------------------------------------------------------
+    @property
+    def series_count(self) -> int:
+        """Series known to this store (ids are dense from 0)."""
+        return self._next_id
+
+    def partitions(self) -> list[tuple[int, bool]]:
+        """(hour index, sorted) of every partition, oldest first."""
+        return sorted(self._partitions.items())
+
+    def samples_sql(self, start_ms: int, end_ms: int) -> str:
+        """SQL subquery over the partitions overlapping [start_ms, end_ms]; callers still filter ts."""
+        idx = [i for i in sorted(self._partitions) if (i + 1) * HOUR_MS > start_ms and i * HOUR_MS <= end_ms]
+        if not idx:
+            return f"({_EMPTY_SAMPLES})"
+        return "(" + " UNION ALL ".join(f"SELECT * FROM {partition_name(i)}" for i in idx) + ")"
+
+    def time_range(self) -> tuple[int, int] | None:
+        """Oldest and newest sample time in the store, or None when empty."""
+        if not self._partitions:
+            return None
+        row = self.cursor().execute("SELECT min(ts), max(ts) FROM samples").fetchone()
+        return None if row[0] is None else (int(row[0]), int(row[1]))
+
+
+_EMPTY_SAMPLES = "SELECT NULL::BIGINT AS ts, NULL::UINTEGER AS series_id, NULL::DOUBLE AS value WHERE false"
+
+
+def _series_table(rows: list[tuple[int, str, str, dict[str, str], str, str]]) -> pa.Table:
+    return pa.table({
+        "series_id": pa.array([r[0] for r in rows], pa.uint32()),
+        "instance": pa.array([r[1] for r in rows], pa.string()),
+        "metric": pa.array([r[2] for r in rows], pa.string()),
+        "labels": pa.array([list(r[3].items()) for r in rows], pa.map_(pa.string(), pa.string())),
+        "labels_text": pa.array([r[4] for r in rows], pa.string()),
+        "source_metric": pa.array([r[5] for r in rows], pa.string()),
+    })
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest migration applied to this database (0 for a new file)."""
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'").fetchone()[0]
+    if not has:
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply pending migrations, each in its own transaction and recorded; returns the new version."""
+    current = schema_version(con)
+    for version, description, statements in MIGRATIONS:
+        if version <= current:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for sql in statements:
+                con.execute(sql)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        current = version
+    return current
+
+
+def _check_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
+    have, want = schema_version(con), MIGRATIONS[-1][0]
+    if have == 0:
+        con.close()
+        raise SchemaMissing(f"{path} is not a vllm-sentinel database (no schema). Point --db at the file "
+                            "the daemon or `ingest` writes.")
+    if have < want:
+        con.close()
+        raise SchemaMissing(f"{path} has schema version {have}, this vllm-sentinel needs {want}. Open it once "
+                            "read-write (start the daemon, or `vllm-sentinel ingest`) to migrate it.")

@@ -1,0 +1,67 @@
+"""Schema migrations, applied in order and recorded in `schema_migrations`; never edit a released one."""
+
+from __future__ import annotations
+
+# (version, description, statements); append new versions, never rewrite old ones
+MIGRATIONS: list[tuple[int, str, list[str]]] = [
+    (1, "series dictionary, hourly sample partitions, events", [
+        """CREATE TABLE IF NOT EXISTS schema_migrations (
+               version INTEGER PRIMARY KEY, description VARCHAR, applied_at TIMESTAMP)""",
+        """CREATE TABLE series (
+               series_id UINTEGER PRIMARY KEY,
+               instance VARCHAR NOT NULL,
+               metric VARCHAR NOT NULL,
+               labels MAP(VARCHAR, VARCHAR) NOT NULL,
+               labels_text VARCHAR NOT NULL,
+               source_metric VARCHAR NOT NULL)""",
+        """CREATE TABLE partitions (
+               idx BIGINT PRIMARY KEY, name VARCHAR NOT NULL,
+               start_ms BIGINT NOT NULL, end_ms BIGINT NOT NULL, sorted BOOLEAN NOT NULL)""",
+        """CREATE TABLE events (
+               ts BIGINT NOT NULL, instance VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+               labels MAP(VARCHAR, VARCHAR), message VARCHAR)""",
+        "CREATE VIEW samples AS SELECT NULL::BIGINT AS ts, NULL::UINTEGER AS series_id, "
+        "NULL::DOUBLE AS value WHERE false",
+    ]),
+    (2, "incidents raised by alerting rules (agent/diagnosis/incidents.py)", [
+        # one row per firing episode of one alert (rule + label set); times in ms since the epoch
+        """CREATE TABLE incidents (
+               id VARCHAR PRIMARY KEY,
+               incident VARCHAR NOT NULL,
+               rule VARCHAR NOT NULL,
+               severity VARCHAR,
+               instance VARCHAR,
+               labels MAP(VARCHAR, VARCHAR) NOT NULL,
+               label_key VARCHAR NOT NULL,
+               start_ms BIGINT NOT NULL,
+               end_ms BIGINT,
+               state VARCHAR NOT NULL,
+               peak DOUBLE,
+               peak_ms BIGINT,
+               last_value DOUBLE,
+               summary VARCHAR,
+               annotations VARCHAR,
+               evidence VARCHAR,
+               fixes VARCHAR,
+               updated_ms BIGINT NOT NULL)""",
+        "CREATE INDEX incidents_start ON incidents (start_ms)",
+    ]),
+    (3, "live configuration snapshots of each vLLM instance (agent/diagnosis/liveconfig.py)", [
+        # one row per change: the configuration in force from ts until the next row of that instance;
+        # config holds the values, sources where each came from (flag, cache_config_info, model config, default)
+        """CREATE TABLE config_snapshots (
+               ts BIGINT NOT NULL,
+               instance VARCHAR NOT NULL,
+               config JSON NOT NULL,
+               sources JSON NOT NULL)""",
+        "CREATE INDEX config_snapshots_instance_ts ON config_snapshots (instance, ts)",
+    ]),
+    (4, "py-spy stack captures, linked to incidents (collectors/pyspy.py Capture.to_row)", [
+        """CREATE TABLE captures (
+               capture_id VARCHAR PRIMARY KEY, ts BIGINT NOT NULL, instance VARCHAR NOT NULL,
+               incident_id VARCHAR, pid INTEGER NOT NULL, role VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+               status VARCHAR NOT NULL, error VARCHAR, duration_ms BIGINT, samples BIGINT, folded VARCHAR,
+               idle_included BOOLEAN, process_state VARCHAR, artifact VARCHAR)""",
+        "CREATE INDEX captures_incident ON captures (incident_id)",
+    ]),
+]

@@ -1,0 +1,82 @@
+"""`vllm-sentinel ingest`: dumps someone sends you, through the real CLI into a real DuckDB file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.exposition import parse
+
+FIXTURES = Path(__file__).parents[2] / "collectors" / "fixtures"
+NVML_DUMP = FIXTURES / "nvml" / "nvml-h200.prom.gz"
+CAPTURE = FIXTURES / "vllm-0.32.0-cpu-one-request.prom.txt"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_sentinel", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_ingest_a_timestamped_gzip_dump_keeps_every_sample_at_its_time(tmp_path):
+    db = tmp_path / "s.duckdb"
+    res = cli("ingest", str(NVML_DUMP), "--instance", "gpu-node:8000", "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    import gzip
+    parsed = parse(gzip.open(NVML_DUMP, "rt").read())
+    assert f"stored {len(parsed)} samples for gpu-node:8000" in res.stdout
+    with Store.open(db, read_only=True) as s:
+        n, lo, hi = s.con.execute("SELECT count(*), min(ts), max(ts) FROM samples").fetchone()
+        metrics = {r[0] for r in s.con.execute("SELECT DISTINCT metric FROM series").fetchall()}
+    assert n == len(parsed)
+    assert (lo, hi) == (min(parsed.timestamps_ms), max(parsed.timestamps_ms))
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_DRAM_ACTIVE"} <= metrics
+
+
+def test_ingest_without_timestamps_uses_at_and_needs_an_instance(tmp_path):
+    db = tmp_path / "s.duckdb"
+    res = cli("ingest", str(CAPTURE), "--db", str(db))
+    assert res.returncode == 1 and "--instance" in res.stderr
+    res = cli("ingest", str(CAPTURE), "--db", str(db), "--instance", "a:8000", "--at", "2026-11-29T10:00:00Z")
+    assert res.returncode == 0, res.stderr
+    with Store.open(db, read_only=True) as s:
+        assert s.con.execute("SELECT DISTINCT ts FROM samples").fetchall() == [(1_795_946_400_000,)]
+        assert s.con.execute("SELECT count(*) FROM series WHERE metric LIKE '%_created'").fetchone()[0] == 0
+
+
+def test_instance_label_in_the_data_wins_and_old_names_are_aliased(tmp_path):
+    dump = tmp_path / "old.prom"
+    dump.write_text('vllm:gpu_cache_usage_perc{instance="old:8000",model_name="m"} 0.5 1795946400000\n'
+                    'vllm:num_requests_running{model_name="m"} 3 1795946400000\n')
+    db = tmp_path / "s.duckdb"
+    res = cli("ingest", str(dump), "--db", str(db), "--instance", "fallback:1")
+    assert res.returncode == 0, res.stderr
+    with Store.open(db, read_only=True) as s:
+        rows = sorted(s.con.execute("SELECT instance, metric, source_metric FROM series").fetchall())
+    assert rows == [("fallback:1", "vllm:num_requests_running", "vllm:num_requests_running"),
+                    ("old:8000", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")]
+
+
+def test_a_malformed_line_is_named_and_nothing_of_its_chunk_is_stored(tmp_path):
+    dump = tmp_path / "bad.prom"
+    dump.write_text('a{x="1"} 1 1795946400000\nthis is not a sample\n')
+    db = tmp_path / "s.duckdb"
+    res = cli("ingest", str(dump), "--db", str(db), "--instance", "a:1")
+    assert res.returncode == 1
+    assert "line 2" in res.stderr and "this is not a sample" in res.stderr
+    with Store.open(db, read_only=True) as s:
+        assert s.con.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
+
+
+def test_openmetrics_dump_with_float_second_timestamps(tmp_path):
+    dump = tmp_path / "om.txt"
+    dump.write_text("# TYPE vllm:num_preemptions counter\n"
+                    'vllm_num_preemptions_total{engine="0",model_name="m"} 4 1795946400.5\n'
+                    'vllm_num_preemptions_created{engine="0",model_name="m"} 1795946000.0 1795946400.5\n'
+                    "# EOF\n")
+    db = tmp_path / "s.duckdb"
+    res = cli("ingest", str(dump), "--db", str(db), "--instance", "a:1")
+    assert res.returncode == 0, res.stderr
+    with Store.open(db, read_only=True) as s:
+        assert s.con.execute("SELECT metric, ts, value FROM samples JOIN series USING (series_id)").fetchall() == [
+            ("vllm:num_preemptions_total", 1_795_946_400_500, 4.0)]
