@@ -1,5 +1,5 @@
 # The two set-up commands of the README. Both install what they need, then run.
-.PHONY: demo test test-fast setup bench
+.PHONY: demo test test-fast lint-layers setup bench
 
 demo:
 	@scripts/setup.sh
@@ -7,11 +7,13 @@ demo:
 
 test:
 	@scripts/setup.sh --with-tests
+	scripts/lint_layers.sh
 	VLLM_SENTINEL_REQUIRE_VLLM=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests
 
 # unit tests only (no real vLLM server): seconds, for the edit loop
 test-fast:
 	@scripts/setup.sh --with-tests
+	scripts/lint_layers.sh
 	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not integration" tests
 
 setup:
@@ -20,3 +22,8 @@ setup:
 bench:
 	@scripts/setup.sh --with-tests
 	for b in bench/*.py; do echo "== $$b"; .venv/bin/python $$b || exit 1; done
+
+# the rooms' import layers (pyproject's [tool.importlinter]); part of test and test-fast
+lint-layers:
+	@scripts/setup.sh --with-tests
+	scripts/lint_layers.sh

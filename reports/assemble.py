@@ -91,9 +91,8 @@ def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[s
         return exprs, descriptions
     if rules is None:
         try:
-            from vllm_sentinel.agent.cli.rules import default_rules_dir
-            from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files
-            rules = load_rule_files(expand_rule_paths([default_rules_dir()]))
+            from vllm_sentinel.agent.alerts.rulepack import load_pack
+            rules = load_pack()
         except Exception as e:  # a broken rule pack must not stop the report
             missing.append(f"Charts: the rule files could not be loaded ({e}), so the evidence was not charted.")
             return exprs, descriptions

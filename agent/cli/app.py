@@ -110,7 +110,8 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     from vllm_sentinel.agent.daemon.routes import diagnose_via_best_source
     from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
     from vllm_sentinel.agent.alerts.rulefile import RuleFileError
-    from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+    from vllm_sentinel.agent.alerts.rulepack import load_pack
+    from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
     from vllm_sentinel.agent.store.db import StoreError
     from vllm_sentinel.reports.console import render_diagnosis
 

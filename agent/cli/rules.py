@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Rule files: test them like promtool, lint them, list them, export them for Prometheus.")
 out = Console()
@@ -20,15 +22,9 @@ PathsArg = typer.Argument(None, help="rule files or directories (default: the ru
 ParamsOpt = typer.Option(None, "--params", help="YAML file of threshold parameters (name: value) overriding the rule files' params")
 
 
-def default_rules_dir() -> Path:
-    """The rules directory shipped with the package."""
-    import vllm_sentinel.rules
-    return Path(vllm_sentinel.rules.__file__).parent
-
-
 def _rule_paths(paths: Optional[list[Path]]) -> list[Path]:
     from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths
-    return expand_rule_paths(list(paths) if paths else [default_rules_dir()])
+    return expand_rule_paths(list(paths) if paths else [packaged_rules_dir()])
 
 
 def _load(paths: Optional[list[Path]], params: Optional[Path] = None):
@@ -48,7 +44,7 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
     """Run rule unit tests in promtool's format; exit 0 when all pass, 1 otherwise (as promtool)."""
     from vllm_sentinel.agent.alerts.ruletest import junit_xml, promtool_lines, run_tests
 
-    paths = list(files) if files else sorted((default_rules_dir() / "tests").glob("*.test.yaml"))
+    paths = list(files) if files else sorted((packaged_rules_dir() / "tests").glob("*.test.yaml"))
     if not paths:
         err.print("no test files given and none shipped in rules/tests/", highlight=False)
         raise typer.Exit(1)

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_sentinel.agent.daemon import api
-from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose, diagnose_markdown
+from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose
+from vllm_sentinel.reports.document import diagnose_markdown
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.store.db import Store, StoreLocked
 

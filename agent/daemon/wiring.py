@@ -11,7 +11,8 @@ from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
 from vllm_sentinel.agent.daemon.routes import daemon_route_capture, daemon_route_diagnose, daemon_route_report
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.incidents import Evaluator
-from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store.db import Store

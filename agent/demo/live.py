@@ -10,7 +10,8 @@ from pathlib import Path
 
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
-from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 
 Say = Callable[[str], None]

@@ -17,7 +17,8 @@ from pathlib import Path
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.store.ingest import ingest_file
-from vllm_sentinel.agent.alerts.rulepack import load_pack, pack_window_evaluator
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 
 RECORDING_NAME = "cpu-tiny-llama"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_sentinel.agent.cli.rules import default_rules_dir
+from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
 from vllm_sentinel.agent.alerts.rulefile import load_rule_file, rule_test_path
 from vllm_sentinel.agent.alerts.export import ExportError, export_rules, extra_annotations
 from vllm_sentinel.agent.alerts.ruletest import run_tests
@@ -24,7 +24,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess:
 
 
 def shipped() -> tuple[list[Path], list[Path]]:
-    rules = sorted(default_rules_dir().glob("*.yaml"))
+    rules = sorted(packaged_rules_dir().glob("*.yaml"))
     return rules, [rule_test_path(r) for r in rules]
 
 

@@ -152,9 +152,9 @@ groups:
 
 
 def test_shipped_rules_load_and_pass_lint() -> None:
-    from vllm_sentinel.agent.cli.rules import default_rules_dir
+    from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
     from vllm_sentinel.agent.diagnosis.incidents import FIX_FUNCTIONS, load_fix_plugins
 
     load_fix_plugins()
-    files = load_rule_files([default_rules_dir()])
+    files = load_rule_files([packaged_rules_dir()])
     assert files and lint_rules(files, set(FIX_FUNCTIONS)) == []
