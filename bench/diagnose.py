@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from store import PAYLOAD, advancing_payloads, tick_batches  # noqa: E402
 
-from vllm_sentinel.agent import api  # noqa: E402
+from vllm_sentinel.agent.daemon import client as api  # noqa: E402
 from vllm_sentinel.agent.daemon.paths import socket_path_for  # noqa: E402
 from vllm_sentinel.agent.store.db import HOUR_MS, Store  # noqa: E402
 

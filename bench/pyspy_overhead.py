@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon import client as api
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model

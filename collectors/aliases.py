@@ -1,6 +1,6 @@
 """The one alias table: old and alternate vLLM metric names -> the canonical vLLM 0.32 names.
 
-Covers V0 through 0.33 (catalog and evidence: shared/reference/vllm-metrics.md §2). Two kinds:
+Covers V0 through 0.33, each name checked against that version's metrics. Two kinds:
 * spelling: OpenMetrics scrapes without `escaping=allow-utf-8` write `vllm_x` for `vllm:x`
   (prometheus_client#1177);
 * renames: a metric family that vLLM renamed, with every sample suffix it exposes.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -86,8 +85,3 @@ class Collector(Protocol):
     def collect(self, now_ms: int) -> Batch:
         """Collect once; a failing source returns a partial Batch whose status says why."""
         ...
-
-
-def is_finite(value: float) -> bool:
-    """True for ordinary numbers (not NaN or +-Inf)."""
-    return not (math.isnan(value) or math.isinf(value))

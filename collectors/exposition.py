@@ -143,6 +143,8 @@ def _timestamp_ms(token: str, openmetrics: bool) -> int:
     return int(token)
 
 
+# One function on purpose: it is the scrape's hot loop, run once per line of every exposition, and
+# splitting it into helpers would add a Python call per line; keep its branches inline.
 def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
           check_labels: bool = True) -> Parsed:
     """Parse one exposition into parallel lists; `*_created` samples are dropped.

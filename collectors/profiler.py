@@ -117,7 +117,7 @@ class ProfileCapture:
         return self.status == STATUS_OK
 
     def to_row(self) -> dict[str, object]:
-        """The row for the store's `captures` table (collectors.pyspy.CAPTURES_TABLE_SQL)."""
+        """The row for the store's `captures` table (agent/store/migrations.py's CAPTURES_TABLE)."""
         artifact = self.artifact
         if self.files:
             artifact = json.dumps({"dir": self.artifact, "files": self.files})

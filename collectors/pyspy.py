@@ -160,7 +160,7 @@ class Capture:
         return summarize(self.stacks, self.pid, self.role, top, active=None if self.idle_included else True)
 
     def to_row(self) -> dict[str, object]:
-        """The row for the store's `captures` table (see CAPTURES_TABLE_SQL)."""
+        """The row for the store's `captures` table (agent/store/migrations.py's CAPTURES_TABLE)."""
         return {
             "capture_id": self.capture_id, "ts": self.ts_ms, "instance": self.instance,
             "incident_id": self.incident_id, "pid": self.pid, "role": self.role, "kind": self.kind,
@@ -180,25 +180,6 @@ class Capture:
         if self.stopped:
             message += " (the process is stopped: SIGSTOP or a debugger holds it)"
         return Event(self.ts_ms, self.instance, "pyspy_capture", labels, message)
-
-
-# The store's table for captures (proposed; also appended as a migration in agent/store/migrations.py).
-CAPTURES_TABLE_SQL = """CREATE TABLE captures (
-    capture_id VARCHAR PRIMARY KEY,
-    ts BIGINT NOT NULL,            -- ms since the epoch, when the capture started
-    instance VARCHAR NOT NULL,
-    incident_id VARCHAR,           -- NULL for an on-demand capture
-    pid INTEGER NOT NULL,
-    role VARCHAR NOT NULL,         -- api_server | engine_core | worker | dp_coordinator
-    kind VARCHAR NOT NULL,         -- dump | record | torch_profile
-    status VARCHAR NOT NULL,       -- ok | truncated | py_spy_missing | permission_denied | process_exited | ...
-    error VARCHAR,
-    duration_ms BIGINT,
-    samples BIGINT,
-    folded VARCHAR,                -- folded stacks 'root;...;leaf count' per line
-    idle_included BOOLEAN,         -- false: only running threads were sampled (a record without --idle)
-    process_state VARCHAR,         -- /proc state letter at capture start; 'T' = stopped
-    artifact VARCHAR)              -- where an external trace went (torch profiler dir), else NULL"""
 
 
 def parse_dump_json(data: bytes | str) -> list[ThreadStack]:

@@ -1,8 +1,8 @@
 """Gather a report's data for one incident from the store: the incident, its evidence as ranges,
 the configuration at the time, stack captures, related incidents, and what could not be checked.
 
-Every part is optional: a table that does not exist yet, a module not installed, a query that fails
-becomes a line in `missing`, never an exception; only an unknown incident id is an error.
+Every part is optional: a table that does not exist yet, a rule pack that fails to load, a query that
+fails becomes a line in `missing`, never an exception; only an unknown incident id is an error.
 """
 
 from __future__ import annotations
@@ -12,7 +12,22 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_sentinel.reports.markdown import ConfigSnapshot, ProcessStacks, ReportData, parse_iso
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.diagnosis.captures import traces_of
+from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
+from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
+from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.store.captures_table import captures_around
+from vllm_sentinel.agent.store.config_snapshots import config_snapshot_at, first_config_snapshot
+from vllm_sentinel.agent.store.db import table_exists
+from vllm_sentinel.agent.store.events_table import last_capture_refusal
+from vllm_sentinel.agent.store.incidents_table import incidents_by_id_prefix
+from vllm_sentinel.agent.store.series_table import has_gpu_series
+from vllm_sentinel.collectors.frames import LABELS, summarize
+from vllm_sentinel.collectors.profiler import PROFILER_KINDS
+from vllm_sentinel.collectors.pyspy import parse_folded
+from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
+from vllm_sentinel.reports.markdown import ConfigSnapshot, ProcessStacks, ReportData
 
 MIN_MARGIN_MS = 5 * 60_000  # context around the incident on the charts: at least 5 minutes each side
 TARGET_POINTS = 240  # points per line on a chart: smooth at ~1000 px, cheap to query
@@ -46,20 +61,12 @@ def step_for(window: tuple[int, int], points: int = TARGET_POINTS) -> int:
     return NICE_STEPS_MS[-1]
 
 
-def _table_exists(store: Any, name: str) -> bool:
-    row = store.cursor().execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
-    return bool(row and row[0])
-
-
 def load_incident(store: Any, incident_id: str) -> dict:
     """The incident with this id (a unique prefix is enough), in the diagnose JSON contract."""
-    if not _table_exists(store, "incidents"):
+    if not table_exists(store, "incidents"):
         raise IncidentNotFound(f"{store.path} has no incidents table yet: no rule has been evaluated on this "
                                "database. Run the sidecar (`vllm-sentinel run`) or `diagnose` first.")
-    rows = store.cursor().execute(
-        "SELECT id, start_ms FROM incidents WHERE id = ? OR starts_with(id, ?) ORDER BY id LIMIT 5",
-        [incident_id, incident_id]).fetchall()
+    rows = incidents_by_id_prefix(store, incident_id)
     exact = [r for r in rows if r[0] == incident_id]
     if exact:
         rows = exact
@@ -70,7 +77,6 @@ def load_incident(store: Any, incident_id: str) -> dict:
         raise IncidentNotFound(f"{incident_id!r} matches several incidents ({', '.join(r[0] for r in rows)}); "
                                "give more of the id.")
     found_id, start_ms = rows[0]
-    from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
     for inc in stored_incidents(store, start_ms - 1, start_ms):
         if inc["id"] == found_id:
             return inc
@@ -91,7 +97,6 @@ def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[s
         return exprs, descriptions
     if rules is None:
         try:
-            from vllm_sentinel.agent.alerts.rulepack import load_pack
             rules = load_pack()
         except Exception as e:  # a broken rule pack must not stop the report
             missing.append(f"Charts: the rule files could not be loaded ({e}), so the evidence was not charted.")
@@ -112,11 +117,6 @@ def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[s
 def _evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: tuple[int, int],
                      engine: Any, missing: list[str]) -> dict[str, list]:
     if engine is None:
-        try:
-            from vllm_sentinel.agent.promql.engine import Engine
-        except ImportError as e:
-            missing.append(f"Charts: the PromQL engine is not available ({e}).")
-            return {}
         engine = Engine(store)
     alert_labels = {**(incident.get("labels") or {}), "instance": incident.get("instance")}
     step = step_for(window)
@@ -144,12 +144,7 @@ def _evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: 
 
 def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
     """The configuration snapshot in force at t_ms (else the first one after it), or None."""
-    cur = store.cursor()
-    row = cur.execute("SELECT ts, config, sources FROM config_snapshots WHERE instance = ? AND ts <= ? "
-                      "ORDER BY ts DESC LIMIT 1", [instance, t_ms]).fetchone()
-    if row is None:
-        row = cur.execute("SELECT ts, config, sources FROM config_snapshots WHERE instance = ? "
-                          "ORDER BY ts LIMIT 1", [instance]).fetchone()
+    row = config_snapshot_at(store, instance, t_ms) or first_config_snapshot(store, instance)
     if row is None:
         return None
     ts, config, sources = row
@@ -160,10 +155,6 @@ def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
 
 def _flag_names() -> dict[str, str]:
     """LiveConfig name -> vLLM flag ('max_num_seqs' -> '--max-num-seqs'), from liveconfig's argv table."""
-    try:
-        from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
-    except ImportError:
-        return {}
     return {name: flag for flag, (name, _typ) in ARGV_FLAGS.items()}
 
 
@@ -219,30 +210,18 @@ def snapshot_from_config(ts_ms: int | None, config: dict, sources: dict) -> Conf
 
 
 def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[str]) -> list[ProcessStacks]:
-    if not _table_exists(store, "captures"):
+    if not table_exists(store, "captures"):
         missing.append("Stacks: this database has no captures table (stack capture not set up), so "
                        "where the processes spent their time was not checked.")
         return []
-    try:
-        from vllm_sentinel.collectors.frames import LABELS, summarize
-        from vllm_sentinel.collectors.profiler import PROFILER_KINDS
-    except ImportError as e:
-        missing.append(f"Stacks: frame classification is not available ({e}).")
-        return []
-    cur = store.cursor()
-    profiler_kinds = ", ".join("?" * len(PROFILER_KINDS))  # their rows hold a trace's place: see _traces
-    cur.execute("SELECT * FROM captures WHERE (incident_id = ? OR (incident_id IS NULL AND instance = ? "
-                f"AND ts >= ? AND ts <= ?)) AND kind NOT IN ({profiler_kinds}) ORDER BY ts, role, pid",
-                [incident["id"], incident.get("instance"), *window, *PROFILER_KINDS])
-    names = [d[0] for d in cur.description]
-    rows = [dict(zip(names, r)) for r in cur.fetchall()]  # by name: the table gains columns over time
+    # profiler rows hold a trace's place, not stacks: see _traces
+    rows = captures_around(store, incident["id"], incident.get("instance"), window, except_kinds=PROFILER_KINDS)
     if not rows:
         why = _capture_refusal(store, incident.get("instance"), window)
         missing.append("Stacks: no py-spy capture was taken for this incident ("
                        + (why or "py-spy missing, ptrace not permitted, or rate-limited")
                        + "), so where the processes spent their time was not checked.")
         return []
-    from vllm_sentinel.collectors.pyspy import parse_folded
     out = []
     for r in rows:
         base = {"role": r["role"], "pid": r["pid"], "kind": r["kind"], "ts_ms": r["ts"], "status": r["status"],
@@ -268,29 +247,17 @@ def _stacks(store: Any, incident: dict, window: tuple[int, int], missing: list[s
 
 def _traces(store: Any, incident: dict) -> list[dict]:
     """vLLM profiler captures linked to the incident (none unless the daemon runs with --vllm-profiler)."""
-    if not _table_exists(store, "captures"):
+    if not table_exists(store, "captures"):
         return []
-    from vllm_sentinel.agent.diagnosis.captures import traces_of
     return traces_of(store, incident["id"])
 
 
 def _capture_refusal(store: Any, instance: str | None, window: tuple[int, int]) -> str | None:
     """The last reason the capture collector gave for not capturing this instance in the window, if any."""
-    row = store.cursor().execute(
-        "SELECT message FROM events WHERE kind = 'pyspy_capture' AND instance = ? AND ts >= ? AND ts <= ? "
-        "AND coalesce(labels['status'], '') NOT IN ('ok', 'truncated') AND coalesce(message, '') <> '' "
-        "ORDER BY ts DESC LIMIT 1", [instance, *window]).fetchone()
-    return row[0] if row else None
-
-
-def _has_gpu_series(store: Any, instance: str | None) -> bool:
-    row = store.cursor().execute("SELECT count(*) FROM series WHERE metric LIKE 'DCGM_%' AND (? IS NULL OR "
-                                 "instance = ?)", [instance, instance]).fetchone()
-    return bool(row and row[0])
+    return last_capture_refusal(store, instance, *window)
 
 
 def _related(store: Any, incident: dict, window: tuple[int, int]) -> list[dict]:
-    from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
     others = [i for i in stored_incidents(store, window[0], window[1]) if i["id"] != incident["id"]]
     # this instance first: the likeliest cause or consequence
     others.sort(key=lambda i: (i.get("instance") != incident.get("instance"), i["start"], i["id"]))
@@ -307,8 +274,8 @@ def assemble(store: Any, incident_id: str, *, now_ms: int, rules: Sequence[Any] 
 def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequence[Any] | None = None,
                       engine: Any = None, source: str = "") -> ReportData:
     """The report data of an incident dict (stored, or found by a window evaluation) read from `store`."""
-    start = parse_iso(incident["start"])
-    end = parse_iso(incident["end"]) if incident.get("end") else None
+    start = parse_rfc3339_ms(incident["start"])
+    end = parse_rfc3339_ms(incident["end"]) if incident.get("end") else None
     window = chart_window(start, end, max(now_ms, end or start))
     missing: list[str] = []
 
@@ -320,7 +287,7 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
                            "scraped, or this vLLM version does not export it).")
 
     config = None
-    if not _table_exists(store, "config_snapshots"):
+    if not table_exists(store, "config_snapshots"):
         missing.append("Configuration: this database has no configuration snapshots, so the fixes could not "
                        "be checked against the live values.")
     else:
@@ -329,7 +296,7 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
             missing.append(f"Configuration: no snapshot of {incident.get('instance')}'s configuration was "
                            "recorded (the sidecar could not read the vLLM command line or /metrics info).")
 
-    if not _has_gpu_series(store, incident.get("instance")):
+    if not has_gpu_series(store, incident.get("instance")):
         missing.append("GPU counters: no NVML series for this instance (no GPU, no driver, or the NVML "
                        "collector off), so GPU utilisation, memory and bandwidth were not checked.")
     stacks = _stacks(store, incident, window, missing)

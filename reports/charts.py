@@ -12,14 +12,6 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on a server; must precede pyplot
-
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
 # (labels, points) with points = [(ts_ms, value or None)]; None / NaN is a gap (staleness, no data)
 Point = tuple[int, float | None]
 LabeledSeries = tuple[dict[str, str], Sequence[Point]]
@@ -109,6 +101,13 @@ def _dt(ms: int) -> datetime:
 
 def draw_chart(data: dict, path: str | Path) -> Path:
     """Draw `data` (from chart_data) as a PNG at `path`; returns the path."""
+    # matplotlib is the charts extra and slow to import: loaded when a chart is drawn, not with the CLI
+    import matplotlib
+    matplotlib.use("Agg")  # no display on a server; must precede pyplot
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
     path = Path(path)
     values = [v for line in data["lines"] for _, v in line["points"] if v is not None]
     peak = max((abs(v) for v in values), default=None)

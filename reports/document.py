@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
+from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.assemble import assemble_incident
 from vllm_sentinel.reports.markdown import render_markdown
 
@@ -19,13 +19,9 @@ def diagnose_markdown(store: Any, doc: dict, rules: list | None = None) -> str:
         lines += [f"## Health of {s['instance']}", "", "| signal | value |", "|---|---|"]
         lines += [f"| {k} | {'-' if v is None else f'{v:.4g}'} |" for k, v in s["signals"].items()]
         lines.append("")
-    end_ms = _parse_iso_ms(w["end"])
+    end_ms = parse_rfc3339_ms(w["end"])
     for inc in doc["incidents"]:
         data = assemble_incident(store, inc, now_ms=end_ms, rules=rules, source=doc["source"])
         # charts are files; in a terminal the evidence table's sparklines stand in for them
         lines += ["---", "", render_markdown(data), ""]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _parse_iso_ms(text: str) -> int:
-    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp() * 1000)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.charts import chart_filename
 from vllm_sentinel.reports.sparkline import time_sparkline
 
@@ -106,11 +107,6 @@ class ReportData:
 
 # -- small formatting helpers ---------------------------------------------------------------------
 
-def parse_iso(text: str) -> int:
-    """RFC 3339 UTC text to ms since the epoch: '1970-01-01T00:00:01Z' -> 1000."""
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
 def utc(ms: int, with_date: bool = True) -> str:
     """ms to '2026-11-29 10:04:05 UTC' (or '10:04:05' without the date)."""
     dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
@@ -125,7 +121,7 @@ def duration(ms: int) -> str:
     return " ".join(parts)
 
 
-def fmt_value(value: float | None, unit: str) -> str:
+def format_with_unit(value: float | None, unit: str) -> str:
     """A value with its unit as a person reads it: (0.0042, 's') -> '4.2 ms'; (0.97, 'ratio') -> '97 %'."""
     if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
         return "n/a"
@@ -170,7 +166,7 @@ def _values_in(series: Sequence[LabeledSeries], lo: int, hi: int | None) -> list
 def incident_span(data: ReportData) -> tuple[int, int | None]:
     """(start ms, end ms or None while firing) of the report's incident."""
     inc = data.incident
-    return parse_iso(inc["start"]), parse_iso(inc["end"]) if inc.get("end") else None
+    return parse_rfc3339_ms(inc["start"]), parse_rfc3339_ms(inc["end"]) if inc.get("end") else None
 
 
 def peak_of(data: ReportData) -> tuple[str, int, float, str] | None:
@@ -212,7 +208,7 @@ def _timeline(data: ReportData) -> list[str]:
     peak = peak_of(data)
     if peak:
         signal, t, v, unit = peak
-        rows.append(("peak", f"{utc(t)}: `{signal}` = {fmt_value(v, unit)}"))
+        rows.append(("peak", f"{utc(t)}: `{signal}` = {format_with_unit(v, unit)}"))
     if end is not None:
         rows.append(("resolved", utc(end)))
         rows.append(("duration", duration(end - start)))
@@ -235,8 +231,8 @@ def _evidence(data: ReportData) -> list[str]:
         series = data.evidence_series.get(ev["signal"], [])
         threshold = ev.get("threshold")
         spark = evidence_sparkline(series, data.window_ms, threshold)
-        out.append(f"| `{_cell(ev['signal'])}` | {fmt_value(ev.get('value'), unit)} | "
-                   f"{'-' if threshold is None else fmt_value(threshold, unit)} | {unit or '-'} | "
+        out.append(f"| `{_cell(ev['signal'])}` | {format_with_unit(ev.get('value'), unit)} | "
+                   f"{'-' if threshold is None else format_with_unit(threshold, unit)} | {unit or '-'} | "
                    f"{('`' + spark + '`') if spark.strip() else 'no samples'} |")
     out.append("")
     exprs = [(ev["signal"], data.evidence_exprs[ev["signal"]]) for ev in evidence if ev["signal"] in data.evidence_exprs]
@@ -423,9 +419,9 @@ def _related(data: ReportData) -> list[str]:
         return out + ["None in the same window.", ""]
     out += ["| incident | severity | instance | started | ended | summary |", "|---|---|---|---|---|---|"]
     for r in data.related:
-        ended = utc(parse_iso(r["end"]), with_date=False) if r.get("end") else "still firing"
+        ended = utc(parse_rfc3339_ms(r["end"]), with_date=False) if r.get("end") else "still firing"
         out.append(f"| `{_cell(r.get('incident', '?'))}` (`{_cell(r.get('id', '?'))}`) | {_cell(r.get('severity', ''))} | "
-                   f"{_cell(r.get('instance', ''))} | {utc(parse_iso(r['start']), with_date=False)} | {ended} | "
+                   f"{_cell(r.get('instance', ''))} | {utc(parse_rfc3339_ms(r['start']), with_date=False)} | {ended} | "
                    f"{_cell(r.get('summary', ''))} |")
     return out + [""]
 

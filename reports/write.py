@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from vllm_sentinel.reports.assemble import assemble
 from vllm_sentinel.reports.charts import chart_data, chart_filename, draw_chart
 from vllm_sentinel.reports.markdown import ReportData, incident_span, render_markdown
 
@@ -67,5 +68,4 @@ def write_report(data: ReportData, out_dir: str | Path) -> WrittenReport:
 def report_for_incident(store: object, incident_id: str, out_dir: str | Path, *, now_ms: int,
                         rules: list | None = None) -> WrittenReport:
     """Assemble and write the report of one incident (what the sidecar calls when one fires or resolves)."""
-    from vllm_sentinel.reports.assemble import assemble
     return write_report(assemble(store, incident_id, now_ms=now_ms, rules=rules), out_dir)

@@ -14,8 +14,10 @@ from typing import Any
 
 import promql_parser as pp
 
-from vllm_sentinel.agent.alerts.rulefile import Rule, RuleGroup
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleGroup
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.sample_reads import samples_of_metrics
+from vllm_sentinel.agent.store.series_table import metrics_present
 from vllm_sentinel.collectors.base import Batch, format_labels
 
 LOOKBACK_MS = 300_000
@@ -65,10 +67,7 @@ def needs_replay(store: Any, groups: list[RuleGroup]) -> bool:
     wanted = recorded if names is None else recorded & names
     if not wanted:
         return False
-    have = {row[0] for row in store.cursor().execute(
-        f"SELECT DISTINCT metric FROM series WHERE metric IN ({', '.join('?' * len(wanted))})",
-        sorted(wanted)).fetchall()}
-    return bool(wanted - have)
+    return bool(wanted - metrics_present(store, wanted))
 
 
 def replay_store(store: Any, groups: list[RuleGroup], first_ms: int, end_ms: int, step_ms: int,
@@ -95,14 +94,9 @@ def replay_store(store: Any, groups: list[RuleGroup], first_ms: int, end_ms: int
 
 
 def _copy(src: Any, dst: Store, names: set[str] | None, lo: int, hi: int) -> None:
-    where = "" if names is None else f"AND se.metric IN ({', '.join('?' * len(names))})"
     if names is not None and not names:
         return
-    cur = src.cursor()
-    table = cur.execute(
-        f"SELECT s.ts, se.instance, se.metric, se.labels_text, s.value FROM {src.samples_sql(lo, hi)} s "
-        f"JOIN series se ON s.series_id = se.series_id WHERE s.ts >= ? AND s.ts <= ? {where} "
-        f"ORDER BY se.instance", [lo, hi, *sorted(names or [])]).fetchnumpy()
+    table = samples_of_metrics(src, names, lo, hi)
     ts, inst, metric, text, value = (table[c].tolist() for c in ("ts", "instance", "metric", "labels_text", "value"))
     batches: dict[str, Batch] = {}
     for i, instance in enumerate(inst):

@@ -12,14 +12,17 @@ from __future__ import annotations
 import copy
 import glob
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from vllm_sentinel.agent.alerts.rulefile import (ParamValues, Rule, RuleFile, format_duration_ms, load_rule_file,
-                                          load_rule_files)
+from vllm_sentinel.agent.alerts.rulefile import load_rule_file, load_rule_files
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleFile
+from vllm_sentinel.agent.alerts.ruleparams import ParamValues
+from vllm_sentinel.collectors.timefmt import format_prometheus_duration_ms
 
 
 class ExportError(ValueError):
@@ -63,9 +66,9 @@ def prometheus_rule(rule: Rule) -> dict[str, Any]:
     """One rule as Prometheus' rule format (a dict ready for YAML)."""
     d: dict[str, Any] = {rule.kind: rule.name, "expr": rule.expr}
     if rule.for_ms:
-        d["for"] = format_duration_ms(rule.for_ms)
+        d["for"] = format_prometheus_duration_ms(rule.for_ms)
     if rule.keep_firing_for_ms:
-        d["keep_firing_for"] = format_duration_ms(rule.keep_firing_for_ms)
+        d["keep_firing_for"] = format_prometheus_duration_ms(rule.keep_firing_for_ms)
     if rule.labels:
         d["labels"] = dict(rule.labels)
     if rule.is_alert:
@@ -82,7 +85,7 @@ def prometheus_rule_file(rf: RuleFile) -> dict[str, Any]:
     for g in rf.groups:
         gd: dict[str, Any] = {"name": g.name}
         if g.interval_ms is not None:
-            gd["interval"] = format_duration_ms(g.interval_ms)
+            gd["interval"] = format_prometheus_duration_ms(g.interval_ms)
         if g.limit:
             gd["limit"] = g.limit
         gd["rules"] = [prometheus_rule(r) for r in g.rules]
@@ -176,5 +179,4 @@ def export_test(path: Path, target: Path, exported: dict[Path, Path], rules_by_a
 
 
 def _relative(dest: Path, start: Path) -> str:
-    import os
     return os.path.relpath(dest.resolve(), start.resolve())

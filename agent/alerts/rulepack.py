@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_sentinel import rules as _rules_pkg
-from vllm_sentinel.agent.alerts.rulefile import (ParamOverrides, ParamValues, RuleFile, load_params_file,
-                                          load_rule_files)
+from vllm_sentinel.agent.alerts.rulefile import load_rule_files
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile
+from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, ParamValues, load_params_file
 
 
 def packaged_rules_dir() -> Path:

@@ -25,10 +25,14 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from vllm_sentinel.agent.alerts.state import FIRING, GroupEvaluator, RuleEvalError, store_sink, to_vector
-from vllm_sentinel.agent.alerts.rulefile import (RuleFileError, RuleGroup, format_duration_ms, load_rule_file,
-                                          parse_duration_ms)
+from vllm_sentinel.agent.alerts.rulefile import load_rule_file
+from vllm_sentinel.agent.alerts.rulemodel import RuleFileError, RuleGroup
+from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.promql.notation import load_input_series
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.exposition import parse_labels
+from vllm_sentinel.collectors.timefmt import (format_go_duration_ms, format_prometheus_duration_ms,
+                                              parse_prometheus_duration_ms)
 
 SUCCESS, FAILURE = 0, 1
 
@@ -77,24 +81,6 @@ class FileOutcome:
 
 
 # -- formatting as Go does ------------------------------------------------------------------------
-def go_duration(ms: int) -> str:
-    """Go's time.Duration.String for whole milliseconds: 60000 -> '1m0s', 1500 -> '1.5s', 0 -> '0s'."""
-    if ms == 0:
-        return "0s"
-    sign = "-" if ms < 0 else ""
-    ms = abs(ms)
-    if ms < 1000:
-        return f"{sign}{ms}ms"
-    h, rest = divmod(ms, 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s = f"{rest // 1000}" + (f".{rest % 1000:03d}".rstrip("0") if rest % 1000 else "")
-    if h:
-        return f"{sign}{h}h{m}m{s}s"
-    if m:
-        return f"{sign}{m}m{s}s"
-    return f"{sign}{s}s"
-
-
 def _quote(v: str) -> str:
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
 
@@ -185,7 +171,7 @@ def _duration(value: Any, what: str) -> int:
     if value is None:
         return 0
     try:
-        return parse_duration_ms(str(value))
+        return parse_prometheus_duration_ms(str(value))
     except ValueError as e:
         raise TestFileError(f"{what}: {e}") from None
 
@@ -254,14 +240,11 @@ def _load_groups(rule_paths: list[Path], order: dict[str, int]) -> tuple[list[Ru
 
 
 def _make_engine(store: Store) -> Any:
-    from vllm_sentinel.agent.promql.engine import Engine  # imported late: the engine is optional here
     return Engine(store, lookback_ms=300_000)
 
 
 def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
                rule_paths: list[Path]) -> list[str]:
-    from vllm_sentinel.agent.promql.notation import load_input_series
-
     interval = _duration(tg.get("interval"), "interval")
     group_name = tg.get("name") or ""
     store = Store.open(":memory:")
@@ -283,7 +266,7 @@ def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
             if not at.get("alertname"):
                 suffix = f" (in TestGroup {group_name})" if group_name else ""
                 return [f"an item under alert_rule_test misses required attribute alertname at eval_time "
-                        f"{format_duration_ms(_duration(at.get('eval_time'), 'eval_time'))}{suffix}"]
+                        f"{format_prometheus_duration_ms(_duration(at.get('eval_time'), 'eval_time'))}{suffix}"]
         by_time: dict[int, list[dict]] = {}
         for at in alert_tests:
             by_time.setdefault(_duration(at.get("eval_time"), "eval_time"), []).append(at)
@@ -295,7 +278,7 @@ def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
         ts = 0
         while ts <= max_t:
             results = evaluator.eval(ts)
-            eval_errs = [f"    rule: {r.rule.name}, time: {go_duration(ts)}, err: {r.error}"
+            eval_errs = [f"    rule: {r.rule.name}, time: {format_go_duration_ms(ts)}, err: {r.error}"
                          for r in results if r.error is not None]
             if eval_errs:
                 return errs + eval_errs
@@ -335,7 +318,7 @@ def _check_alerts(evaluator: GroupEvaluator, groups: list[RuleGroup], cases: lis
         if exp != have:
             prefix = f"    name: {group_name},\n" if group_name else ""
             pad = " " * 12
-            errs.append(f"{prefix}    alertname: {name}, time: {format_duration_ms(t)}, \n"
+            errs.append(f"{prefix}    alertname: {name}, time: {format_prometheus_duration_ms(t)}, \n"
                         f"        exp:{_indent_lines(_alerts_string(exp), pad)}, \n"
                         f"        got:{_indent_lines(_alerts_string(have), pad)}")
     return errs
@@ -344,7 +327,7 @@ def _check_alerts(evaluator: GroupEvaluator, groups: list[RuleGroup], cases: lis
 def _check_expr(engine: Any, case: dict) -> list[str]:
     expr = str(case.get("expr") or "")
     t = _duration(case.get("eval_time"), "eval_time")
-    when = format_duration_ms(t)
+    when = format_prometheus_duration_ms(t)
     try:
         got = to_vector(engine.instant(expr, t))
     except RuleEvalError:

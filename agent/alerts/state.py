@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from vllm_sentinel.agent.alerts.rulefile import Rule, RuleGroup
-from vllm_sentinel.agent.alerts.templating import QuerySample, expand_alert_template
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleGroup
+from vllm_sentinel.agent.alerts.template_functions import QuerySample
+from vllm_sentinel.agent.alerts.templating import expand_alert_template
 from vllm_sentinel.collectors.base import Batch
 
 INACTIVE, PENDING, FIRING = "inactive", "pending", "firing"

@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from vllm_sentinel.agent.cli.common import Exit, check_format, fail, out, print_json
 from vllm_sentinel.agent.diagnosis import kvmath
 from vllm_sentinel.agent.diagnosis.kvmath import GIB, ModelConfigError, fmt_bytes
 
 app = typer.Typer(add_completion=False)
-out = Console()
-err = Console(stderr=True)
 
 # weight files whose sizes estimate the non-KV memory when only the GPU size is given
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 def read_model_config(model: Path) -> tuple[dict[str, Any], Path]:
@@ -63,23 +55,22 @@ def plan(model: Path = typer.Option(..., "--model", help="model directory or its
          tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp", help="GPUs sharing the KV heads"),
          fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """KV-cache capacity planning: bytes per token, capacity, max concurrency, the largest safe --max-num-seqs."""
-    if fmt not in ("table", "json"):
-        raise _fail(f"--format {fmt!r}: use table or json", 2)
+    check_format(fmt, ("table", "json"))
     if kv_cache_gib is not None and gpu_mem_gib is not None:
-        raise _fail("give either --kv-cache-gib or --gpu-mem-gib (with --gpu-memory-utilization), not both", 2)
+        raise fail("give either --kv-cache-gib or --gpu-mem-gib (with --gpu-memory-utilization), not both", Exit.USAGE)
     if not 0 < gpu_memory_utilization <= 1:
-        raise _fail(f"--gpu-memory-utilization {gpu_memory_utilization}: must be in (0, 1]", 2)
+        raise fail(f"--gpu-memory-utilization {gpu_memory_utilization}: must be in (0, 1]", Exit.USAGE)
     for name, value in (("--max-model-len", max_model_len), ("--block-size", block_size),
                         ("--tensor-parallel-size", tensor_parallel_size)):
         if value is not None and value <= 0:
-            raise _fail(f"{name} {value}: must be positive", 2)
+            raise fail(f"{name} {value}: must be positive", Exit.USAGE)
     if kv_cache_dtype != "auto" and kv_cache_dtype not in kvmath.DTYPE_BYTES:
-        raise _fail(f"--kv-cache-dtype {kv_cache_dtype!r}: unknown; use auto or one of "
-                    f"{', '.join(sorted(kvmath.DTYPE_BYTES))}", 2)
+        raise fail(f"--kv-cache-dtype {kv_cache_dtype!r}: unknown; use auto or one of "
+                    f"{', '.join(sorted(kvmath.DTYPE_BYTES))}", Exit.USAGE)
     try:
         cfg, cfg_path = read_model_config(model)
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
 
     budget, note = None, ""
     if kv_cache_gib is not None:
@@ -90,21 +81,21 @@ def plan(model: Path = typer.Option(..., "--model", help="model directory or its
         else:
             weights = weights_bytes(cfg_path.parent)
             if not weights:
-                raise _fail(f"no weight files next to {cfg_path} to estimate what is not KV; pass --non-kv-gib "
+                raise fail(f"no weight files next to {cfg_path} to estimate what is not KV; pass --non-kv-gib "
                             "(weights + activations per GPU) or --kv-cache-gib")
             non_kv = weights // tensor_parallel_size
             what = f"weights {fmt_bytes(non_kv)} (activations and CUDA graphs not subtracted: an upper bound)"
         budget = kvmath.kv_budget_bytes(int(gpu_mem_gib * GIB), gpu_memory_utilization, non_kv)
         note = f"{gpu_mem_gib:g} GiB x {gpu_memory_utilization:g} - {what}"
         if budget <= 0:
-            raise _fail(f"no memory left for the KV cache: {note} <= 0; raise --gpu-memory-utilization or use more GPUs")
+            raise fail(f"no memory left for the KV cache: {note} <= 0; raise --gpu-memory-utilization or use more GPUs")
     try:
         result = kvmath.make_plan(cfg, max_model_len, kv_cache_dtype, block_size, budget, note, tensor_parallel_size)
     except ModelConfigError as e:
-        raise _fail(f"{cfg_path}: {e}") from None
+        raise fail(f"{cfg_path}: {e}") from None
     doc = {"model": str(cfg_path), **result.as_dict()}
     if fmt == "json":
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        print_json(doc)
     else:
         render_plan(doc)
 

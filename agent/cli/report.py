@@ -1,7 +1,7 @@
 """`vllm-sentinel report INCIDENT_ID [--out DIR] [--db PATH]`: one Markdown report with charts.
 
-Mount into the main CLI with `app.command("report")(cli_report.report)` (a one-command command,
-not a group). Reads the store read-only; routing through the daemon's API comes later.
+The daemon that owns the file writes the report itself; with none running, this process reads
+the file read-only and writes it (agent/cli/source.py).
 """
 
 from __future__ import annotations
@@ -11,10 +11,18 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+
+from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files
+from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
+from vllm_sentinel.agent.cli.common import DbOption, Exit, db_path, err, fail
+from vllm_sentinel.agent.cli.source import daemon_or_file
+from vllm_sentinel.agent.daemon.client import ApiError
+from vllm_sentinel.agent.store.db import Store, StoreError
+from vllm_sentinel.reports.assemble import IncidentNotFound, assemble
+from vllm_sentinel.reports.markdown import ReportData
+from vllm_sentinel.reports.write import WrittenReport, write_report
 
 app = typer.Typer(add_completion=False, help="Incident reports: Markdown with charts.")
-err = Console(stderr=True, soft_wrap=True)  # error lines stay whole
 
 DEFAULT_OUT = Path("vllm-sentinel-reports")
 
@@ -22,69 +30,42 @@ DEFAULT_OUT = Path("vllm-sentinel-reports")
 @app.command()
 def report(incident_id: str = typer.Argument(..., help="incident id (a unique prefix is enough), as `diagnose` shows it"),
            out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="reports go to OUT/<incident id>/report.md"),
-           db: Optional[Path] = typer.Option(None, "--db", help="DuckDB file (default: $VLLM_SENTINEL_DB, else the "
-                                                                "per-user data dir)"),
+           db: Optional[Path] = DbOption,
            rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule files or directories the incident's "
                                                       "rule is in (default: the shipped rule pack)")) -> None:
     """Write one incident's Markdown report and its chart PNGs; print their paths."""
-    from vllm_sentinel.agent.daemon.paths import default_db_path
-    from vllm_sentinel.agent.store.db import Store, StoreError
-    from vllm_sentinel.reports.assemble import IncidentNotFound, assemble
-    from vllm_sentinel.reports.write import write_report
-
-    path = db if db is not None else default_db_path()
+    path = db_path(db)
     rule_files = None
     if rules:
-        from vllm_sentinel.agent.alerts.rulefile import RuleFileError, expand_rule_paths, load_rule_files
         try:
             rule_files = load_rule_files(expand_rule_paths(list(rules)))
         except (RuleFileError, OSError) as e:
-            err.print(f"[bold red]error:[/] --rules: {e}", highlight=False)
-            raise typer.Exit(2) from None
-    from vllm_sentinel.agent.daemon import api
-    from vllm_sentinel.agent.daemon.paths import socket_path_for
-    try:  # a running daemon holds the file: it writes the report itself
-        done = api.call(socket_path_for(path), "/v1/report", {"id": incident_id, "out": str(out_dir.resolve()),
-                                                              "now_ms": int(time.time() * 1000)}, timeout=300)
-    except api.DaemonNotRunning:
-        done = None
-    except api.ApiError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    if done is not None:
-        if "not_found" in done:
-            err.print(f"[bold red]error:[/] {done['not_found']}", highlight=False)
-            raise typer.Exit(1)
-        for line in [done["markdown"], *done["charts"]]:
+            raise fail(f"--rules: {e}", Exit.USAGE) from None
+    now_ms = int(time.time() * 1000)
+
+    def from_file(store: Store) -> tuple[WrittenReport, ReportData]:
+        with err.status(f"reading incident {incident_id} and its evidence from {path}"):
+            data = assemble(store, incident_id, now_ms=now_ms, rules=rule_files, source=f"duckdb:{path}")
+        with err.status("drawing charts"):
+            return write_report(data, out_dir), data
+
+    try:
+        answer = daemon_or_file(path, "/v1/report", {"id": incident_id, "out": str(out_dir.resolve()),
+                                                     "now_ms": now_ms}, from_file, timeout=300)
+    except (ApiError, StoreError, IncidentNotFound) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write the report under {out_dir}: {e}. Pick a writable --out.") from None
+    if answer.daemon is not None:
+        if "not_found" in answer.daemon:
+            raise fail(answer.daemon["not_found"])
+        for line in [answer.daemon["markdown"], *answer.daemon["charts"]]:
             typer.echo(line)
         return
-    try:
-        store = Store.open(path, read_only=True)
-    except StoreError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    try:
-        with err.status(f"reading incident {incident_id} and its evidence from {path}"):
-            data = assemble(store, incident_id, now_ms=int(time.time() * 1000), rules=rule_files,
-                            source=f"duckdb:{path}")
-        with err.status("drawing charts"):
-            written = write_report(data, out_dir)
-    except IncidentNotFound as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(1) from None
-    except OSError as e:
-        err.print(f"[bold red]error:[/] cannot write the report under {out_dir}: {e}. Pick a writable --out.",
-                  highlight=False)
-        raise typer.Exit(1) from None
-    finally:
-        store.close()
+    written, data = answer.file
     # plain lines, never wrapped: scripts read these paths
     typer.echo(str(written.markdown))
     for png in written.charts:
         typer.echo(str(png))
     for line in data.missing:
         err.print(f"[yellow]not checked:[/] {line}", highlight=False)
-
-
-if __name__ == "__main__":
-    app()

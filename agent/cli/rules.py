@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -11,24 +10,30 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vllm_sentinel.agent.alerts.export import ExportError, export_rules
+from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files, rule_test_path
+from vllm_sentinel.agent.alerts.rulelint import lint_rules
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
+from vllm_sentinel.agent.alerts.ruleparams import load_params_file
+from vllm_sentinel.agent.alerts.ruletest import junit_xml, promtool_lines, run_tests
+from vllm_sentinel.agent.cli.common import out, print_json
+from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.collectors.timefmt import format_prometheus_duration_ms
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Rule files: test them like promtool, lint them, list them, export them for Prometheus.")
-out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True)  # not soft-wrapped: long problem lines wrap at the terminal width, as they always have
 
 PathsArg = typer.Argument(None, help="rule files or directories (default: the rules shipped with vllm-sentinel)")
 ParamsOpt = typer.Option(None, "--params", help="YAML file of threshold parameters (name: value) overriding the rule files' params")
 
 
 def _rule_paths(paths: Optional[list[Path]]) -> list[Path]:
-    from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths
     return expand_rule_paths(list(paths) if paths else [packaged_rules_dir()])
 
 
-def _load(paths: Optional[list[Path]], params: Optional[Path] = None):
-    from vllm_sentinel.agent.alerts.rulefile import RuleFileError, load_params_file, load_rule_files
+def _load(paths: Optional[list[Path]], params: Optional[Path] = None) -> list[RuleFile]:
     try:
         return load_rule_files(_rule_paths(paths), load_params_file(params) if params else None)
     except RuleFileError as e:
@@ -42,8 +47,6 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
          run: Optional[list[str]] = typer.Option(None, "--run", help="only test groups whose name matches this regex (repeatable)"),
          junit: Optional[Path] = typer.Option(None, "--junit", help="also write a JUnit XML report here")) -> None:
     """Run rule unit tests in promtool's format; exit 0 when all pass, 1 otherwise (as promtool)."""
-    from vllm_sentinel.agent.alerts.ruletest import junit_xml, promtool_lines, run_tests
-
     paths = list(files) if files else sorted((packaged_rules_dir() / "tests").glob("*.test.yaml"))
     if not paths:
         err.print("no test files given and none shipped in rules/tests/", highlight=False)
@@ -61,12 +64,8 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
 @app.command("check")
 def check(paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
     """Lint rule files: schema, unique alert names, incident/severity labels, summary, a test file per rule file."""
-    from vllm_sentinel.agent.diagnosis.incidents import FIX_FUNCTIONS, load_fix_plugins
-    from vllm_sentinel.agent.alerts.rulefile import lint_rules
-
     files = _load(paths, params)
-    load_fix_plugins()
-    problems = lint_rules(files, set(FIX_FUNCTIONS))
+    problems = lint_rules(files, set(FIXES))
     for p in problems:
         err.print(p, highlight=False, markup=False)
     n = sum(len(f.rules) for f in files)
@@ -81,13 +80,11 @@ def list_rules(paths: Optional[list[Path]] = PathsArg,
                fmt: str = typer.Option("table", "--format", help="table or json"),
                params: Optional[Path] = ParamsOpt) -> None:
     """List the rules: name, kind, incident, severity, for, where."""
-    from vllm_sentinel.agent.alerts.rulefile import format_duration_ms
-
     rows = [{"name": r.name, "kind": r.kind, "incident": r.incident, "severity": r.severity,
-             "for": format_duration_ms(r.for_ms), "group": r.group, "where": r.where}
+             "for": format_prometheus_duration_ms(r.for_ms), "group": r.group, "where": r.where}
             for f in _load(paths, params) for r in f.rules]
     if fmt == "json":
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        print_json(rows)
         return
     if fmt != "table":
         err.print(f"--format {fmt!r}: use table or json", highlight=False)
@@ -102,15 +99,11 @@ def list_rules(paths: Optional[list[Path]] = PathsArg,
 def export(out_dir: Path = typer.Option(..., "--out", help="directory for the plain Prometheus rule files and tests"),
            paths: Optional[list[Path]] = PathsArg, params: Optional[Path] = ParamsOpt) -> None:
     """Write plain Prometheus rule files (our keys as annotations, parameters substituted) and their tests."""
-    from vllm_sentinel.agent.alerts.rulefile import RuleFileError, load_params_file, rule_test_path
-    from vllm_sentinel.agent.alerts.export import ExportError, export_rules
-
     rule_paths = _rule_paths(paths)
     tests = [t for p in rule_paths if (t := rule_test_path(p)).is_file()]
     try:
         overrides = load_params_file(params) if params else None
         if overrides is not None:
-            from vllm_sentinel.agent.alerts.rulefile import load_rule_files
             load_rule_files(rule_paths, overrides)  # unknown names fail naming the --params file
         result = export_rules(rule_paths, tests, out_dir, overrides.values if overrides else None)
     except (RuleFileError, ExportError) as e:

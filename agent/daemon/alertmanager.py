@@ -19,7 +19,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from vllm_sentinel.agent.diagnosis.incidents import Incident, iso
+from vllm_sentinel.agent.diagnosis.incidents import Incident
+from vllm_sentinel.collectors.timefmt import iso_precise
 
 log = logging.getLogger("vllm_sentinel.alertmanager")
 
@@ -63,7 +64,8 @@ def to_alert(inc: Incident, now_ms: int, valid_ms: int, generator_url: str = "")
         annotations["fix"] = (f"{fix.get('param')} {current} -> {fix.get('suggested')}" if current not in (None, "")
                               else f"{fix.get('param')} {fix.get('suggested')}")
     end_ms = inc.end_ms if inc.end_ms is not None else now_ms + valid_ms
-    alert = {"labels": labels, "annotations": annotations, "startsAt": iso(inc.start_ms), "endsAt": iso(end_ms)}
+    alert = {"labels": labels, "annotations": annotations, "startsAt": iso_precise(inc.start_ms),
+             "endsAt": iso_precise(end_ms)}
     if generator_url:
         alert["generatorURL"] = generator_url
     return alert

@@ -1,31 +1,23 @@
-"""The daemon's local API: JSON over HTTP on a unix socket (mode 0600), so readers never fight DuckDB's lock.
+"""The daemon's local API server: JSON over HTTP on a unix socket (mode 0600), so readers never fight DuckDB's lock.
 
-Routes are named operations (never raw SQL): GET /v1/health, /v1/status, /v1/diagnose?... .
+Routes are named operations (never raw SQL): GET /v1/health, /v1/status, /v1/diagnose?... read;
+/v1/capture and /v1/report write (stacks into the store, a report to disk). The client is client.py.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import socketserver
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode, urlparse
+from urllib.parse import parse_qs, urlparse
+
+from vllm_sentinel.agent.daemon.client import ApiError, answers
 
 Handler = Callable[[dict[str, str]], dict]
-
-
-class ApiError(Exception):
-    """The daemon answered with an error, or could not be reached."""
-
-
-class DaemonNotRunning(ApiError):
-    """No daemon listens on the socket (absent or stale)."""
-
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
@@ -33,7 +25,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 
 class ApiServer:
-    """Serves named read operations of the daemon on a unix socket."""
+    """Serves the daemon's named operations (its routes) on a unix socket."""
 
     def __init__(self, socket_path: str | Path, routes: dict[str, Handler]):
         self.socket_path = Path(socket_path)
@@ -46,7 +38,7 @@ class ApiServer:
         path = self.socket_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if path.exists():
-            if _answers(path):
+            if answers(path):
                 raise ApiError(f"another vllm-sentinel daemon already serves {path}; "
                                "stop it or give this one another --db")
             path.unlink()
@@ -97,47 +89,3 @@ class ApiServer:
             self.socket_path.unlink()
         except FileNotFoundError:
             pass
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
-def _answers(path: Path) -> bool:
-    try:
-        call(path, "/v1/health", timeout=2.0)
-        return True
-    except ApiError:
-        return False
-
-
-def call(socket_path: str | Path, route: str, params: dict[str, object] | None = None,
-         timeout: float = 60.0) -> dict:
-    """GET a route of the daemon; raises DaemonNotRunning when nothing listens."""
-    path = str(socket_path)
-    if not os.path.exists(path):
-        raise DaemonNotRunning(f"no daemon socket at {path}")
-    query = ("?" + urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
-    conn = _UnixConnection(path, timeout)
-    try:
-        conn.request("GET", route + query)
-        resp = conn.getresponse()
-        body = json.loads(resp.read() or b"{}")
-    except (ConnectionRefusedError, FileNotFoundError) as e:
-        raise DaemonNotRunning(f"the socket {path} exists but no daemon answers (stale): {e}") from e
-    except PermissionError as e:
-        raise ApiError(f"no permission to use {path}: run as the daemon's user") from e
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
-        raise ApiError(f"daemon at {path} did not answer properly: {e}") from e
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise ApiError(f"daemon at {path} answered {resp.status}: {body.get('error')}")
-    return body

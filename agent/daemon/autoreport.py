@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.reports.write import report_for_incident
 
 log = logging.getLogger("vllm_sentinel.reports")
 
@@ -34,7 +35,6 @@ class AutoReporter:
             self._pool.submit(self._write, store.reader(), incident_id, now_ms)
 
     def _write(self, store: Store, incident_id: str, now_ms: int) -> None:
-        from vllm_sentinel.reports.write import report_for_incident
         try:
             written = report_for_incident(store, incident_id, self.out_dir, now_ms=now_ms, rules=self.rules)
             path = str(written.markdown)  # rewritten when the incident resolves: listed once, as the newest

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
 from vllm_sentinel.agent.daemon.alertmanager import AlertmanagerNotifier, alerts_url
 from vllm_sentinel.agent.daemon.autoreport import AutoReporter
-from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
-from vllm_sentinel.agent.daemon.routes import daemon_route_capture, daemon_route_diagnose, daemon_route_report
-from vllm_sentinel.agent.diagnosis import liveconfig
-from vllm_sentinel.agent.diagnosis.incidents import Evaluator
-from vllm_sentinel.agent.alerts.rulepack import load_pack
-from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.daemon.routes import (LoadRules, daemon_route_capture, daemon_route_diagnose,
+                                               daemon_route_report)
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
+from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
+from vllm_sentinel.agent.diagnosis.incidents import Evaluator
+from vllm_sentinel.agent.diagnosis.diagnose import WindowEvaluator
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import now_ms
+from vllm_sentinel.collectors.nvml import NvmlCollector
 from vllm_sentinel.collectors.process import ProcessCollector
 from vllm_sentinel.collectors.vllm import VllmCollector
 
@@ -74,7 +79,9 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         p.name = f"process {p.instance}"
         p.interval_s = PROCESS_INTERVAL_S
     gpus = _gpu_collectors(options.nvml, names)
-    pack = load_pack(options.rules, options.params)  # a wrong rule file fails here, at start, naming file:line
+    # --params is read once, here; a request's own overrides replace it, never re-read it
+    overrides = load_params_file(options.params) if options.params else None
+    pack = load_pack(options.rules, overrides)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
@@ -104,13 +111,19 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
                               "alertmanager": notifier.status if notifier else {}},
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
-                      "/v1/diagnose": daemon_route_diagnose(
-            pack_window_evaluator(pack),
-            load_rules=lambda paths, params: pack_window_evaluator(load_pack(paths or options.rules, params or options.params)))})
+                      "/v1/diagnose": daemon_route_diagnose(pack_window_evaluator(pack),
+                                                            load_rules=_request_rules(options.rules, overrides))})
     sidecar = Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
     if notifier is not None:
         notifier.count = lambda url, result, n: sidecar.metrics.alert_notifications.labels(url, result).inc(n)
     return sidecar
+
+
+def _request_rules(rules: list[Path] | None, overrides: ParamOverrides | None) -> LoadRules:
+    """For a diagnose request with its own --rules or --params: those, else the daemon's own."""
+    def load(paths: list[Path] | None, params: ParamOverrides | None) -> WindowEvaluator:
+        return pack_window_evaluator(load_pack(paths or rules, params or overrides))
+    return load
 
 
 def _snapshotter(processes: list[ProcessCollector]):
@@ -135,8 +148,6 @@ def _gpu_collectors(mode: str, instances: list[str]) -> list:
         return []
     if mode == "auto" and not _nvml_library_present():
         return []  # a CPU host: no GPU collector, and reports say "no NVML series" where it matters
-    from vllm_sentinel.collectors.nvml import NvmlCollector
-    import socket
     # the sidecar sits beside one vLLM server: its GPUs belong to that instance, so rules can join on it
     instance = instances[0] if len(instances) == 1 else socket.gethostname()
     return [NvmlCollector(instance=instance)]
@@ -145,7 +156,7 @@ def _gpu_collectors(mode: str, instances: list[str]) -> list:
 def _nvml_library_present() -> bool:
     """True when nvidia-ml-py is installed and the driver's libnvidia-ml loads (a GPU host)."""
     try:
-        import pynvml
+        import pynvml  # optional (the nvml extra) and needs the driver: tried only when --nvml auto
         pynvml.nvmlInit()
     except Exception:  # ImportError, or NVMLError: library not found, no driver, no permission
         return False

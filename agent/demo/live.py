@@ -8,11 +8,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
-from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
+from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.demo.replay import run_replay
+from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerError
+from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.reports.assemble import assemble_incident
+from vllm_sentinel.reports.write import write_report
 
 Say = Callable[[str], None]
 # two incidents in sequence on one server: requests queue behind 4 sequence slots, then
@@ -31,9 +37,6 @@ def default_workdir() -> Path:
 
 def write_reports(store: Store, doc: dict, out_dir: Path, rules: list, say: Say) -> list[Path]:
     """One Markdown report (with charts) per incident of the diagnosis; returns the report paths."""
-    from vllm_sentinel.reports.assemble import assemble_incident
-    from vllm_sentinel.reports.write import write_report
-
     end_ms = int(time.time() * 1000)
     paths = []
     for inc in doc["incidents"]:
@@ -46,17 +49,14 @@ def write_reports(store: Store, doc: dict, out_dir: Path, rules: list, say: Say)
 
 def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say = lambda _m: None) -> dict:
     """Start server, sidecar and the incident sequence; return the diagnose document (+ 'reports')."""
-    try:
-        from vllm_sentinel.agent.demo import scenarios
-        from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
-        from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerError
-    except ImportError as e:
-        raise DemoError(f"the demo needs the server extra ({e.name} missing): pip install 'vllm-sentinel[server]' "
-                        "or run `make demo`; `vllm-sentinel demo --replay` needs none of it") from e
     workdir = Path(workdir or default_workdir())
     workdir.mkdir(parents=True, exist_ok=True)
     say("building the tiny random-weight Llama (cached after the first run)")
-    model_dir = build_tiny_model()
+    try:
+        model_dir = build_tiny_model()  # transformers, tokenizers and torch load here: the server extra
+    except ImportError as e:
+        raise DemoError(f"the demo needs the server extra ({e.name} missing): pip install 'vllm-sentinel[server]' "
+                        "or run `make demo`; `vllm-sentinel demo --replay` needs none of it") from e
     db = workdir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"
     server = VllmServer(scenarios.scenario_server_config(model_dir), log_path=workdir / "vllm-server.log")
     say(f"starting a real vLLM CPU server: 4 sequences, 8 KV blocks of 128 tokens (45-90 s on 2 cores; "
@@ -94,8 +94,6 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
 
 def run_replay_demo(workdir: Path | None = None, say: Say = lambda _m: None) -> dict:
     """The same pipeline on the shipped recording of a real session: seconds, no server needed."""
-    from vllm_sentinel.agent.demo.replay import run_replay
-
     workdir = Path(workdir or default_workdir())
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / f"replay-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_sentinel.agent.store.sample_reads import values_between
+from vllm_sentinel.agent.store.series_table import series_to_export
 from vllm_sentinel.collectors.base import escape_label_value
 
 # Series a diagnosis never reads and that only make a recording bigger: the Python runtime's and
@@ -83,13 +85,9 @@ def export_window(store: Any, start_ms: int, end_ms: int, path: str | Path, *, i
     if end_ms <= start_ms:
         raise ValueError(f"empty window: end {end_ms} is not after start {start_ms}")
     out = Path(path)
-    cur = store.cursor()
-    series_rows = cur.execute(
-        "SELECT series_id, instance, metric, coalesce(source_metric, metric), labels_text FROM series "
-        "WHERE (? IS NULL OR instance = ?)", [instance, instance]).fetchall()
     keep: dict[int, tuple[str, str, str]] = {}
     dropped: set[str] = set()
-    for sid, inst, metric, source, labels_text in series_rows:
+    for sid, inst, metric, source, labels_text in series_to_export(store, instance):
         if _dropped(metric, drop) or _dropped(source, drop):
             dropped.add(source)
             continue
@@ -97,12 +95,8 @@ def export_window(store: Any, start_ms: int, end_ms: int, path: str | Path, *, i
     # sort by the written line's name and labels, so each metric family stays contiguous
     order = sorted(keep, key=lambda s: keep[s])
     rank = {sid: i for i, sid in enumerate(order)}
-    rows = cur.execute(
-        f"SELECT series_id, ts, value FROM {store.samples_sql(start_ms, end_ms)} "
-        "WHERE ts > ? AND ts <= ? AND value IS NOT NULL ORDER BY series_id, ts",
-        [start_ms, end_ms]).fetchall()
     by_series: dict[int, list[tuple[int, float]]] = {}
-    for sid, ts, value in rows:
+    for sid, ts, value in values_between(store, start_ms, end_ms):
         sid = int(sid)
         if sid not in keep:
             continue

@@ -14,12 +14,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from vllm_sentinel import reports as _reports_pkg
+from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
-from vllm_sentinel.agent.store.ingest import ingest_file
-from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.ingest import ingest_file
 
 RECORDING_NAME = "cpu-tiny-llama"
 
@@ -30,8 +31,7 @@ class ReplayError(Exception):
 
 def recordings_dir() -> Path:
     """Where the shipped recordings live (reports/recordings/)."""
-    from vllm_sentinel import reports
-    return Path(reports.__file__).parent / "recordings"
+    return Path(_reports_pkg.__file__).parent / "recordings"
 
 
 def default_recording() -> Path:

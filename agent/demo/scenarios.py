@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from pathlib import Path
 from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, TrafficResult
 from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors.base import now_ms
+from vllm_sentinel.collectors.exposition import parse
+from vllm_sentinel.collectors.process import ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map
 
 # One server for every scenario: 8 x 128 = 1024 KV tokens, 4 sequences at most (see the docstring).
 SCENARIO_MAX_NUM_SEQS = 4
@@ -147,8 +150,6 @@ def stall_plan(seconds: float) -> TrafficPlan:
 
 def find_engine_core(server: VllmServer, proc_root: str | Path = "/proc") -> int:
     """PID of the server's EngineCore process (title VLLM::EngineCore), found under its API server in /proc."""
-    from vllm_sentinel.collectors.process import ROLE_ENGINE_CORE, ProcessDiscoveryError, discover
-
     if not server.is_running():
         raise ScenarioError(f"the vLLM server at {server.url} is not running; start it before a scenario")
     try:
@@ -165,8 +166,6 @@ def find_engine_core(server: VllmServer, proc_root: str | Path = "/proc") -> int
 
 def _is_descendant(pid: int, ancestor: int | None, proc_root: str | Path) -> bool:
     """True when `ancestor` is `pid`'s parent, grandparent, ... (bounded walk up /proc)."""
-    from vllm_sentinel.collectors.process import parent_map
-
     if ancestor is None:
         return False
     parents = parent_map(proc_root)
@@ -225,10 +224,6 @@ def kv_cache_pressure(server: VllmServer, seconds: float | None = None, say: Say
 
 def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float]:
     """vLLM's scheduler gauges as the API server reports them now, summed over engines (0 when absent)."""
-    import urllib.request
-
-    from vllm_sentinel.collectors.exposition import parse
-
     with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL
         parsed = parse(resp.read().decode("utf-8", errors="replace"), strict=False)
     out = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting"), 0.0)

@@ -116,6 +116,7 @@ def training_corpus(max_chars: int = 400_000) -> list[str]:
 
 def _train_tokenizer(spec: TinyModelSpec, out_dir: Path) -> None:
     """Train a byte-level BPE on the local corpus and save it as a transformers fast tokenizer."""
+    # tokenizers and transformers are the server extra (heavy, optional): loaded only to build the model
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -143,6 +144,7 @@ def _train_tokenizer(spec: TinyModelSpec, out_dir: Path) -> None:
 
 def _build_weights(spec: TinyModelSpec, out_dir: Path) -> None:
     """Random-initialised Llama with a fixed seed, saved as safetensors."""
+    # torch and transformers are the server extra (heavy, optional): loaded only to build the model
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging

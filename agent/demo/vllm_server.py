@@ -21,7 +21,7 @@ from types import TracebackType
 
 from .tiny_model import MODEL_NAME
 
-# vLLM CPU startup is 45-90 s on 2 cores (DESIGN §10); leave room for a loaded machine.
+# vLLM CPU startup is 45-90 s on 2 cores; leave room for a loaded machine.
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # 40-90 s quiet on 2 cores; seen at 180 s beside other servers
 _LOG_TAIL_LINES = 40
 _NANOBIND_NOISE = re.compile(r"^( - leaked | - \.\.\. skipped remainder|nanobind: |See https://nanobind)")

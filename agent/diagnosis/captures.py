@@ -11,10 +11,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from vllm_sentinel.agent.store.captures_table import captures_of_kinds, folded_stacks_of, insert_captures
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.frames import summarize
+from vllm_sentinel.collectors.process import ProcessDiscoveryError, discover
 from vllm_sentinel.collectors.profiler import PROFILER_KINDS, ProfileCapture, VllmProfiler
-from vllm_sentinel.collectors.pyspy import PySpy, RateLimiter, TargetCapture, capture_target
+from vllm_sentinel.collectors.pyspy import PySpy, RateLimiter, TargetCapture, capture_now, capture_target
 
 log = logging.getLogger("vllm_sentinel.captures")
 
@@ -24,43 +26,22 @@ CAPTURE_ON = {"engine_stall", "frontend_cpu_bound", "queue_blocking", "prefill_h
 # Not for a stall: a frozen engine cannot start its profiler, and the request would hang until its timeout.
 PROFILER_PER_TARGET_S = 600.0
 PROFILE_ON = CAPTURE_ON - {"engine_stall"}
-_COLUMNS = ("capture_id", "ts", "instance", "incident_id", "pid", "role", "kind", "status", "error", "duration_ms",
-            "samples", "folded", "idle_included", "process_state", "artifact")
 
 
 def save(store: Store, taken: TargetCapture) -> int:
     """Store the captures (and their timeline events) of one target; returns how many were stored."""
-    return _insert(store, [c.to_row() for c in taken.captures], taken.events())
+    return insert_captures(store, [c.to_row() for c in taken.captures], taken.events())
 
 
 def save_profile(store: Store, cap: ProfileCapture) -> None:
     """Store one vLLM profiler capture (where its trace went, or why none was taken) and its event."""
-    _insert(store, [cap.to_row()], [cap.to_event()])
-
-
-def _insert(store: Store, rows: list[dict], events: list) -> int:
-    con = store.cursor()  # appends to other tables never conflict with the writer thread's ticks
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for row in rows:
-            con.execute(f"INSERT INTO captures ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                        [row[c] for c in _COLUMNS])
-        for e in events:
-            con.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [e.ts_ms, e.instance, e.kind, e.labels, e.message])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    return len(rows)
+    insert_captures(store, [cap.to_row()], [cap.to_event()])
 
 
 def traces_of(store: Store, incident_id: str) -> list[dict]:
     """The vLLM profiler captures linked to an incident: kind, status, where the trace went, or why not."""
-    rows = store.cursor().execute(
-        "SELECT ts, kind, status, error, duration_ms, artifact FROM captures WHERE incident_id = ? "
-        f"AND kind IN ({', '.join('?' * len(PROFILER_KINDS))}) ORDER BY ts", [incident_id, *PROFILER_KINDS]).fetchall()
     out = []
-    for ts, kind, status, error, duration_ms, artifact in rows:
+    for ts, kind, status, error, duration_ms, artifact in captures_of_kinds(store, incident_id, PROFILER_KINDS):
         trace = {"ts": ts, "kind": kind, "status": status, "error": error, "duration_ms": duration_ms,
                  "artifact": artifact, "files": []}
         if artifact and artifact.startswith("{"):  # {"dir": ..., "files": [...]} when the files were seen
@@ -75,9 +56,7 @@ def traces_of(store: Store, incident_id: str) -> list[dict]:
 
 def profile_of(store: Store, incident_id: str, top: int = 5) -> dict | None:
     """The diagnose contract's `profile` for an incident: hot frames of its captures, per process."""
-    rows = store.cursor().execute(
-        "SELECT pid, role, folded, process_state FROM captures WHERE incident_id = ? AND folded IS NOT NULL "
-        "ORDER BY ts, role, pid", [incident_id]).fetchall()
+    rows = folded_stacks_of(store, incident_id)
     traces = traces_of(store, incident_id)
     if not rows:
         return {"kind": traces[0]["kind"], "top_frames": [], "processes": [], "traces": traces} if traces else None
@@ -173,8 +152,6 @@ def capture_and_store(store: Store | None, target: str, kind: str = "dump", dura
                       profiler_s: float | None = None) -> dict:
     """Capture the target's vLLM processes now (and vLLM's profiler when `profiler_s`); store them when a
     store is given; return the summary."""
-    from vllm_sentinel.collectors.process import ProcessDiscoveryError, discover
-    from vllm_sentinel.collectors.pyspy import capture_now
     taken = capture_now(target, kind=kind, duration_s=duration_s)
     summary = capture_summary(taken)
     summary["stored"] = save(store, taken) if store is not None and taken.captures else 0

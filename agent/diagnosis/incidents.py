@@ -5,28 +5,32 @@
 * `evaluate_window` evaluates the alerting rules over a past window as a range query, then
   replays Prometheus' alert state machine over the steps, so an incident that came and went
   inside the window is found, `for` and `keep_firing_for` included. It returns incident dicts in
-  the `diagnose --format json` contract (DESIGN §3).
+  the `diagnose --format json` contract.
 
 An incident starts when its alert fires (Alertmanager's startsAt) and ends when it resolves.
 Evidence is read at the incident's peak; fixes are computed from a configuration snapshot by
-functions registered with `register_fix` (the rule pack adds them; unknown names say so).
+the functions of agent/diagnosis/fixes.py, registered with `register_fix` (unknown names say so).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from vllm_sentinel.agent.alerts.state import (FIRING, PENDING, AlertingRuleState, GroupEvaluator,
-                                          label_key, store_sink, to_vector)
 from vllm_sentinel.agent.alerts.backfill import needs_replay, replay_store
-from vllm_sentinel.agent.alerts.rulefile import Rule, RuleFile, RuleGroup
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleFile, RuleGroup
+from vllm_sentinel.agent.alerts.state import (FIRING, PENDING, AlertingRuleState, GroupEvaluator,
+                                              label_key, store_sink, to_vector)
+# register_fix is the hook for a site's own fix computations; the 'not registered' message names it here
+from vllm_sentinel.agent.diagnosis.fix_registry import as_live_config, register_fix  # noqa: F401
+from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.store.incidents_table import firing_incident_rows, incidents_overlapping, upsert_incidents
+from vllm_sentinel.collectors.timefmt import iso_precise
 
 log = logging.getLogger(__name__)
 
@@ -34,35 +38,7 @@ DEFAULT_STEP_MS = 5_000
 # labels an incident shows separately from its `labels`
 _OWN_LABELS = ("alertname", "incident", "severity", "instance")
 
-# -- the fix hook ----------------------------------------------------------------------------------
-# compute(config, evidence, labels) -> {"current": ..., "suggested": ..., "why": ...} or None (no advice)
-FixFunction = Callable[[Mapping[str, Any], Mapping[str, float | None], Mapping[str, str]], dict | None]
-FIX_FUNCTIONS: dict[str, FixFunction] = {}
-FIX_PLUGIN_MODULE = "vllm_sentinel.agent.diagnosis.fixes"
-
-
-def register_fix(name: str) -> Callable[[FixFunction], FixFunction]:
-    """Register a fix function under the name rule files use in `fix: [{compute: NAME}]`.
-
-    The function gets the configuration snapshot of the incident's instance (vLLM flags and
-    cache config: {'max_num_seqs': 256, ...}), the evidence values by signal name and the
-    alert's labels, and returns {'current': '256', 'suggested': '128', 'why': '...'} or None.
-    """
-    def deco(fn: FixFunction) -> FixFunction:
-        FIX_FUNCTIONS[name] = fn
-        return fn
-    return deco
-
-
-def load_fix_plugins() -> None:
-    """Import the module that registers the rule pack's fix functions, when it exists."""
-    try:
-        importlib.import_module(FIX_PLUGIN_MODULE)
-    except ModuleNotFoundError as e:
-        if e.name != FIX_PLUGIN_MODULE:
-            raise
-
-
+# -- fixes -----------------------------------------------------------------------------------------
 def compute_fixes(rule: Rule, config: Mapping[str, Any], evidence: Mapping[str, float | None],
                   labels: Mapping[str, str]) -> list[dict]:
     """The rule's fix items, filled from `config` and the evidence values."""
@@ -72,19 +48,19 @@ def compute_fixes(rule: Rule, config: Mapping[str, Any], evidence: Mapping[str, 
         item = {"param": f.param, "current": None if current is None else str(current),
                 "suggested": f.suggest, "why": f.why}
         if f.compute:
-            fn = FIX_FUNCTIONS.get(f.compute)
+            fn = FIXES.get(f.compute)
             if fn is None:
                 item["why"] = f"fix function {f.compute!r} is not registered (see incidents.register_fix)"
             else:
                 try:
-                    computed = fn(config, evidence, labels)
+                    computed = fn(as_live_config(config, labels.get("instance", "")), evidence)
                 except Exception as e:  # a broken fix function must not stop incident tracking
                     log.warning("fix function %s failed: %s", f.compute, e)
-                    computed = {"why": f"fix function {f.compute!r} failed: {e}"}
-                if computed is None:
-                    continue
-                item.update({k: (None if v is None else str(v)) for k, v in computed.items()
-                             if k in ("current", "suggested", "why")})
+                    item["why"] = f"fix function {f.compute!r} failed: {e}"
+                else:
+                    if computed is None:
+                        continue
+                    item.update(current=computed.current, suggested=computed.suggested, why=computed.why)
         out.append(item)
     return out
 
@@ -137,15 +113,6 @@ def _json_float(v: float | None) -> float | None:
 
 
 # -- incident records ----------------------------------------------------------------------------
-def iso(ms: int | None) -> str | None:
-    """Milliseconds since the epoch as RFC 3339 UTC, with milliseconds when not whole seconds."""
-    if ms is None:
-        return None
-    fmt = "%Y-%m-%dT%H:%M:%SZ" if ms % 1000 == 0 else "%Y-%m-%dT%H:%M:%S.%fZ"
-    s = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
-    return s if ms % 1000 == 0 else s[:-4] + "Z"
-
-
 def incident_id(rule: str, labels: Mapping[str, str], start_ms: int) -> str:
     """Stable id from rule, labels and start: the same episode always gets the same id."""
     text = rule + "\x00" + json.dumps(sorted(labels.items())) + "\x00" + str(start_ms)
@@ -194,8 +161,8 @@ class Incident:
             "severity": self.labels.get("severity") or self.rule.severity,
             "instance": self.labels.get("instance"),
             "labels": {k: v for k, v in sorted(self.labels.items()) if k not in _OWN_LABELS},
-            "start": iso(self.start_ms),
-            "end": iso(self.end_ms),
+            "start": iso_precise(self.start_ms),
+            "end": iso_precise(self.end_ms),
             "state": self.state,
             "summary": self.annotations.get("summary", ""),
             "peak": _json_float(self.peak),
@@ -230,7 +197,6 @@ class Evaluator:
 
     def __init__(self, rules: list[RuleFile] | list[RuleGroup], engine_factory: Callable[[Any], Any] | None = None,
                  config_for: ConfigFor = _no_config, external_labels: dict[str, str] | None = None):
-        load_fix_plugins()
         self.groups = _groups_of(rules)
         self.config_for = config_for
         self.external_labels = external_labels
@@ -252,10 +218,7 @@ class Evaluator:
     def _load_open(self, store: Any) -> None:
         # episodes still firing when the sidecar stopped continue if the alert fires again
         by_name = {r.name: r for r in _alerting_rules(self.groups)}
-        rows = store.cursor().execute(
-            "SELECT rule, labels, start_ms, peak, peak_ms, last_value, annotations, evidence, fixes "
-            "FROM incidents WHERE state = 'firing'").fetchall()
-        for rule_name, labels, start, peak, peak_ms, last, ann, ev, fx in rows:
+        for rule_name, labels, start, peak, peak_ms, last, ann, ev, fx in firing_incident_rows(store):
             rule = by_name.get(rule_name)
             if rule is None:
                 continue
@@ -316,26 +279,15 @@ class Evaluator:
                  json.dumps(sorted(i.labels.items())), i.start_ms, i.end_ms, i.state, i.peak, i.peak_ms,
                  i.last_value, i.annotations.get("summary", ""), json.dumps(i.annotations),
                  json.dumps(i.evidence), json.dumps(i.fixes), now_ms) for i in incidents]
-        cur = store.cursor()
-        cur.execute("BEGIN TRANSACTION")
-        try:
-            cur.executemany("INSERT OR REPLACE INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            rows)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
+        upsert_incidents(store, rows)
 
 
 def stored_incidents(store: Any, start_ms: int, end_ms: int, instance: str | None = None) -> list[dict]:
     """Incidents from the table that overlap (start_ms, end_ms], in the diagnose JSON contract."""
-    rows = store.cursor().execute(
-        "SELECT id, incident, rule, severity, instance, labels, start_ms, end_ms, state, summary, peak, "
-        "evidence, fixes FROM incidents WHERE start_ms <= ? AND (end_ms IS NULL OR end_ms > ?) "
-        "AND (? IS NULL OR instance = ?) ORDER BY start_ms, id", [end_ms, start_ms, instance, instance]).fetchall()
+    rows = incidents_overlapping(store, start_ms, end_ms, instance)
     return [{"id": r[0], "incident": r[1], "rule": r[2], "severity": r[3], "instance": r[4],
              "labels": {k: v for k, v in sorted(dict(r[5]).items()) if k not in _OWN_LABELS},
-             "start": iso(r[6]), "end": iso(r[7]), "state": r[8], "summary": r[9] or "",
+             "start": iso_precise(r[6]), "end": iso_precise(r[7]), "state": r[8], "summary": r[9] or "",
              "peak": _json_float(r[10]), "evidence": json.loads(r[11] or "[]"), "fixes": json.loads(r[12] or "[]")}
             for r in rows]
 
@@ -353,7 +305,6 @@ def evaluate_window(store: Any, start_ms: int, end_ms: int, instance: str | None
     a recording rule's series the store lacks (history the sidecar never evaluated) runs on a
     replay copy where the recording rules were evaluated first (agent/alerts/backfill.py).
     """
-    load_fix_plugins()
     factory = engine_factory or _default_engine
     groups = _groups_of(rules)
     alerts = _alerting_rules(groups)
@@ -431,5 +382,4 @@ def window_evaluator(rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEF
 
 
 def _default_engine(store: Any) -> Any:
-    from vllm_sentinel.agent.promql.engine import Engine
     return Engine(store, lookback_ms=300_000)

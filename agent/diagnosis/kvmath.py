@@ -195,11 +195,6 @@ def capacity_from_bytes(kv_memory_bytes: int, bytes_per_token: int, block_size: 
     return KvCapacity(int(kv_memory_bytes) // (bytes_per_token * block_size), block_size, bytes_per_token)
 
 
-def capacity_from_blocks(num_gpu_blocks: int, block_size: int, bytes_per_token: int = 0) -> KvCapacity:
-    """Capacity from the engine's own block count (cache_config_info num_gpu_blocks). (2048, 128) -> 262144 tokens."""
-    return KvCapacity(int(num_gpu_blocks), int(block_size), bytes_per_token)
-
-
 def blocks_per_request(tokens: int, block_size: int, sliding_window: int | None = None) -> int:
     """Blocks one request of `tokens` tokens holds: ceil(tokens / block_size), capped by a sliding window.
 

@@ -17,6 +17,9 @@ from typing import Any
 from vllm_sentinel.agent.diagnosis import kvmath
 from vllm_sentinel.agent.diagnosis import vllm_defaults
 from vllm_sentinel.agent.diagnosis.vllm_defaults import Hardware
+from vllm_sentinel.agent.store.config_snapshots import (config_snapshot_at, config_snapshots_after,
+                                                        insert_config_snapshot)
+from vllm_sentinel.agent.store.sample_reads import newest_labels
 from vllm_sentinel.collectors.argv import parse_vllm_argv
 
 CACHE_INFO_METRIC = "vllm:cache_config_info"
@@ -37,7 +40,7 @@ class LiveConfig:
     instance: str
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
-    ts_ms: int | None = None  # when it was assembled, or the snapshot's time
+    ts_ms: int | None = None  # when it was built, or the snapshot's time
 
     def get(self, name: str, default: Any = None) -> Any:
         """The value, or `default` when unknown."""
@@ -152,13 +155,7 @@ def parse_cache_info(labels: dict[str, str]) -> dict[str, Any]:
 
 def latest_cache_info(store: Any, instance: str, at_ms: int, lookback_ms: int = 3_600_000) -> dict[str, str] | None:
     """Labels of the newest `vllm:cache_config_info` sample of `instance` in (at_ms - lookback_ms, at_ms]."""
-    cur = store.cursor()
-    row = cur.execute(
-        f"SELECT s.labels FROM series s JOIN {store.samples_sql(at_ms - lookback_ms, at_ms)} p "
-        "ON p.series_id = s.series_id WHERE s.metric = ? AND s.instance = ? AND p.ts <= ? AND p.ts > ? "
-        "AND p.value IS NOT NULL ORDER BY p.ts DESC, s.labels['engine'] ASC LIMIT 1",
-        [CACHE_INFO_METRIC, instance, at_ms, at_ms - lookback_ms]).fetchone()
-    return dict(row[0]) if row else None
+    return newest_labels(store, CACHE_INFO_METRIC, instance, at_ms, lookback_ms)
 
 
 # --- the model's config.json ---------------------------------------------------------------------
@@ -185,7 +182,7 @@ def find_model_config(model: str | None) -> tuple[dict[str, Any] | None, str]:
     return None, f"config.json of {model!r} not reachable from this host (not a directory here, not in the HF cache)"
 
 
-# --- assembling -----------------------------------------------------------------------------------
+# --- building -------------------------------------------------------------------------------------
 
 def infer_hardware(cache: dict[str, Any], flags: dict[str, str], given: Hardware | None) -> tuple[Hardware, str]:
     """The hardware context defaults depend on: given, else `--device cpu`, else CPU's tell-tale cache info."""
@@ -194,16 +191,20 @@ def infer_hardware(cache: dict[str, Any], flags: dict[str, str], given: Hardware
         return Hardware(given.platform, given.device_memory_bytes, given.device_name, world), "given"
     if flags.get("--device") == "cpu":
         return Hardware(vllm_defaults.PLATFORM_CPU, world_size=world), "flag --device cpu"
-    # the CPU backend sizes its cache from VLLM_CPU_KVCACHE_SPACE and forces block 128 (platforms/cpu.py:293,327)
+    # the CPU backend sizes its cache from VLLM_CPU_KVCACHE_SPACE and forces block 128 (vLLM's CPU platform)
     if (cache.get("kv_cache_memory_bytes") and cache.get("block_size") == 128
             and cache.get("user_specified_block_size") is False):
         return Hardware(vllm_defaults.PLATFORM_CPU, world_size=world), "inferred CPU from cache_config_info"
     return Hardware(None, world_size=world), "unknown"
 
 
-def assemble(instance: str, cache_labels: dict[str, str] | None = None, argv: list[str] | None = None,
-             model_config: dict[str, Any] | None = None, model_config_where: str = "",
-             hardware: Hardware | None = None, ts_ms: int | None = None) -> LiveConfig:
+NO_CACHE_INFO = "no vllm:cache_config_info sample for this instance (is the target scraped, stats logging on?)"
+NO_ARGV = "vLLM command line not available (sidecar not on the server's host, or process not found)"
+
+
+def build_live_config(instance: str, cache_labels: dict[str, str] | None = None, argv: list[str] | None = None,
+                      model_config: dict[str, Any] | None = None, model_config_where: str = "",
+                      hardware: Hardware | None = None, ts_ms: int | None = None) -> LiveConfig:
     """Build a LiveConfig from what is known; pure (no I/O). Each value records its source.
 
     `model_config_where` is the path the config.json came from, or why it is missing when None.
@@ -211,13 +212,18 @@ def assemble(instance: str, cache_labels: dict[str, str] | None = None, argv: li
     cfg = LiveConfig(instance, ts_ms=ts_ms)
     cache = parse_cache_info(cache_labels) if cache_labels else {}
     flags = parse_vllm_argv(argv) if argv else {}
-    no_cache = "no vllm:cache_config_info sample for this instance (is the target scraped, stats logging on?)"
-    no_argv = "vLLM command line not available (sidecar not on the server's host, or process not found)"
+    _apply_engine_and_flags(cfg, cache, flags)
+    shape, src_model, model_missing = _apply_model_config(cfg, model_config, model_config_where)
+    _apply_defaults(cfg, cache, flags, argv is None, hardware)
+    _derive_kv_figures(cfg, shape, src_model, model_missing)
+    return cfg
 
-    # 1. the engine's resolved cache config
+
+def _apply_engine_and_flags(cfg: LiveConfig, cache: dict[str, Any], flags: dict[str, str]) -> None:
+    """The engine's resolved cache config first, then the command line where the engine said nothing."""
     for name, value in cache.items():
         cfg.set(name, value, SRC_CACHE_INFO)
-    # 2. flags, unless the engine already said (it resolved them)
+    # flags, unless the engine already said (it resolved them)
     for flag, (name, typ) in ARGV_FLAGS.items():
         if flag in flags and not cfg.known(name):
             try:
@@ -229,29 +235,36 @@ def assemble(instance: str, cache_labels: dict[str, str] | None = None, argv: li
         cfg.set("max_model_len", round(cache["kv_cache_size_tokens"] / cache["kv_cache_max_concurrency"]),
                 "cache_config_info (kv_cache_size_tokens / kv_cache_max_concurrency)")
 
-    # 3. the model's config.json
+
+def _apply_model_config(cfg: LiveConfig, model_config: dict[str, Any] | None,
+                        where: str) -> tuple[kvmath.KvShape | None, str, str]:
+    """The model's shape from its config.json; returns (shape or None, its source text, why it is missing)."""
     shape = None
-    model_missing = model_config_where or "model config.json not given"
+    model_missing = where or "model config.json not given"
     if model_config is not None:
         try:
             shape = kvmath.kv_shape_from_config(model_config)
         except kvmath.ModelConfigError as e:
-            model_missing = f"{model_config_where or 'config.json'}: {e}"
-    src_model = f"{SRC_MODEL} ({model_config_where})" if model_config_where and shape else SRC_MODEL
-    if shape is not None:
-        for name, value in (("num_layers", shape.num_layers), ("num_kv_heads", shape.num_kv_heads),
-                            ("head_dim", shape.head_dim), ("model_dtype", shape.model_dtype),
-                            ("is_mla", shape.is_mla)):
-            cfg.set(name, value, src_model)
-        if not cfg.known("sliding_window") and shape.sliding_window:
-            cfg.set("sliding_window", shape.sliding_window, src_model)
-        if not cfg.known("max_model_len") and shape.max_position_embeddings:
-            cfg.set("max_model_len", shape.max_position_embeddings, f"{src_model}, as vLLM derives it")
-    else:
+            model_missing = f"{where or 'config.json'}: {e}"
+    src_model = f"{SRC_MODEL} ({where})" if where and shape else SRC_MODEL
+    if shape is None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "model_dtype"):
             cfg.set(name, None, UNKNOWN + model_missing)
+        return shape, src_model, model_missing
+    for name, value in (("num_layers", shape.num_layers), ("num_kv_heads", shape.num_kv_heads),
+                        ("head_dim", shape.head_dim), ("model_dtype", shape.model_dtype),
+                        ("is_mla", shape.is_mla)):
+        cfg.set(name, value, src_model)
+    if not cfg.known("sliding_window") and shape.sliding_window:
+        cfg.set("sliding_window", shape.sliding_window, src_model)
+    if not cfg.known("max_model_len") and shape.max_position_embeddings:
+        cfg.set("max_model_len", shape.max_position_embeddings, f"{src_model}, as vLLM derives it")
+    return shape, src_model, model_missing
 
-    # 4. defaults where nothing said
+
+def _apply_defaults(cfg: LiveConfig, cache: dict[str, Any], flags: dict[str, str], no_argv: bool,
+                    hardware: Hardware | None) -> None:
+    """vLLM's defaults for this hardware where nothing else said; unknowns say which source is missing."""
     hw, hw_source = infer_hardware(cache, flags, hardware)
     cfg.set("platform", hw.platform, hw_source if hw.platform else UNKNOWN + "platform (CPU/GPU) not known")
     chunked = cfg.get("enable_chunked_prefill", True)
@@ -261,17 +274,19 @@ def assemble(instance: str, cache_labels: dict[str, str] | None = None, argv: li
         if d.value is None:
             why = d.note
             if not cache and name in CACHE_INFO_NAMES:
-                why = f"{no_cache}; {d.note}"
-            elif argv is None:
-                why = f"{no_argv}; {d.note}"
+                why = f"{NO_CACHE_INFO}; {d.note}"
+            elif no_argv:
+                why = f"{NO_ARGV}; {d.note}"
             cfg.set(name, None, UNKNOWN + why)
         else:
             cfg.set(name, d.value, f"default (vLLM {vllm_defaults.VLLM_VERSION}): {d.note}")
     for name in ("num_gpu_blocks", "kv_cache_size_tokens"):
         if not cfg.known(name):
-            cfg.set(name, None, UNKNOWN + no_cache)
+            cfg.set(name, None, UNKNOWN + NO_CACHE_INFO)
 
-    # 5. derived KV figures
+
+def _derive_kv_figures(cfg: LiveConfig, shape: kvmath.KvShape | None, src_model: str, model_missing: str) -> None:
+    """KV bytes per token, capacity in tokens and cache bytes, from the values gathered so far."""
     if shape is not None:
         try:
             bpt = kvmath.kv_bytes_per_token(shape, cfg.get("cache_dtype", "auto"), cfg.get("tensor_parallel_size", 1))
@@ -287,10 +302,9 @@ def assemble(instance: str, cache_labels: dict[str, str] | None = None, argv: li
             cfg.set("kv_cache_memory_bytes", cfg.get("kv_capacity_tokens") * cfg.get("kv_bytes_per_token"),
                     "derived: num_gpu_blocks x block_size x kv_bytes_per_token")
     else:
-        cfg.set("kv_capacity_tokens", None, UNKNOWN + no_cache)
+        cfg.set("kv_capacity_tokens", None, UNKNOWN + NO_CACHE_INFO)
     if not cfg.known("kv_cache_memory_bytes"):
-        cfg.set("kv_cache_memory_bytes", None, UNKNOWN + no_cache)
-    return cfg
+        cfg.set("kv_cache_memory_bytes", None, UNKNOWN + NO_CACHE_INFO)
 
 
 CACHE_INFO_NAMES = {name for name, _ in CACHE_INFO_LABELS.values()}
@@ -298,14 +312,14 @@ CACHE_INFO_NAMES = {name for name, _ in CACHE_INFO_LABELS.values()}
 
 def collect(store: Any, instance: str, at_ms: int, argv: list[str] | None = None,
             hardware: Hardware | None = None, model_dir: str | None = None) -> LiveConfig:
-    """Assemble the configuration of `instance` at `at_ms` from the store, the argv and the model's config.json."""
+    """Build the configuration of `instance` at `at_ms` from the store, the argv and the model's config.json."""
     labels = latest_cache_info(store, instance, at_ms)
     model = model_dir or (parse_vllm_argv(argv).get("--model") if argv else None)
     if model:
         model_config, where = find_model_config(model)
     else:
         model_config, where = None, "no vLLM command line and no model directory given"
-    return assemble(instance, labels, argv, model_config, where, hardware, at_ms)
+    return build_live_config(instance, labels, argv, model_config, where, hardware, at_ms)
 
 
 # --- snapshots ------------------------------------------------------------------------------------
@@ -313,29 +327,23 @@ def collect(store: Any, instance: str, at_ms: int, argv: list[str] | None = None
 def save_snapshot(store: Any, cfg: LiveConfig, ts_ms: int) -> bool:
     """Record `cfg` as in force from `ts_ms`, only when it differs from the instance's latest; True if written."""
     config, sources = cfg.to_json()
-    cur = store.cursor()
-    row = cur.execute("SELECT config, sources FROM config_snapshots WHERE instance = ? AND ts <= ? "
-                      "ORDER BY ts DESC LIMIT 1", [cfg.instance, ts_ms]).fetchone()
-    if row and json.loads(row[0]) == json.loads(config) and json.loads(row[1]) == json.loads(sources):
+    row = config_snapshot_at(store, cfg.instance, ts_ms)
+    if row and json.loads(row[1]) == json.loads(config) and json.loads(row[2]) == json.loads(sources):
         return False
-    cur.execute("INSERT INTO config_snapshots VALUES (?, ?, ?, ?)", [ts_ms, cfg.instance, config, sources])
+    insert_config_snapshot(store, cfg.instance, ts_ms, config, sources)
     return True
 
 
 def load_snapshot_at(store: Any, instance: str, t_ms: int) -> LiveConfig | None:
     """The configuration in force at `t_ms`: the newest snapshot at or before it (None if none yet)."""
-    row = store.cursor().execute(
-        "SELECT ts, config, sources FROM config_snapshots WHERE instance = ? AND ts <= ? ORDER BY ts DESC LIMIT 1",
-        [instance, t_ms]).fetchone()
+    row = config_snapshot_at(store, instance, t_ms)
     return LiveConfig.from_json(instance, row[1], row[2], int(row[0])) if row else None
 
 
 def snapshot_history(store: Any, instance: str, start_ms: int, end_ms: int) -> list[LiveConfig]:
     """Every configuration in force during [start_ms, end_ms], oldest first (the one in force at start included)."""
     first = load_snapshot_at(store, instance, start_ms)
-    rows = store.cursor().execute(
-        "SELECT ts, config, sources FROM config_snapshots WHERE instance = ? AND ts > ? AND ts <= ? ORDER BY ts",
-        [instance, start_ms, end_ms]).fetchall()
+    rows = config_snapshots_after(store, instance, start_ms, end_ms)
     return ([first] if first else []) + [LiveConfig.from_json(instance, c, s, int(t)) for t, c, s in rows]
 
 
@@ -350,7 +358,7 @@ def config_for(store: Any, at_ms: int) -> Any:
 
 def record_snapshot(store: Any, instance: str, now_ms: int, argv: list[str] | None = None,
                     hardware: Hardware | None = None, model_dir: str | None = None) -> LiveConfig:
-    """The daemon's per-tick call: assemble the configuration now and store it when it changed."""
+    """The daemon's per-tick call: build the configuration now and store it when it changed."""
     cfg = collect(store, instance, now_ms, argv, hardware, model_dir)
     save_snapshot(store, cfg, now_ms)
     return cfg

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.events_table import last_scrape_errors
+from vllm_sentinel.agent.store.sample_reads import instances_with_samples
+from vllm_sentinel.agent.store.series_table import series_count_by_instance
 
 # name -> (PromQL with {w} = window in seconds, unit); every expression keeps `instance`.
 # Counters and histograms over the whole window, not instantaneous gauges: on a busy host the API
@@ -86,17 +89,9 @@ def _finite(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) or math.isinf(v) else round(v, 6)
 
 
-def instances(store: Store, start_ms: int, end_ms: int) -> list[str]:
-    """Instances with at least one sample in the window, sorted."""
-    rows = store.con.execute(
-        f"SELECT DISTINCT s.instance FROM {store.samples_sql(start_ms, end_ms)} x JOIN series s USING (series_id) "
-        "WHERE x.ts > ? AND x.ts <= ? ORDER BY 1", [start_ms, end_ms]).fetchall()
-    return [r[0] for r in rows]
-
-
-def summarize(store: Store, start_ms: int, end_ms: int, instance: str | None = None) -> list[InstanceSummary]:
+def health_summary(store: Store, start_ms: int, end_ms: int, instance: str | None = None) -> list[InstanceSummary]:
     """One InstanceSummary per instance seen in (start_ms, end_ms]."""
-    names = [i for i in instances(store, start_ms, end_ms) if instance is None or i == instance]
+    names = [i for i in instances_with_samples(store, start_ms, end_ms) if instance is None or i == instance]
     if not names:
         return []
     window_s = max(1, (end_ms - start_ms) // 1000)
@@ -111,9 +106,8 @@ def summarize(store: Store, start_ms: int, end_ms: int, instance: str | None = N
             inst = sample.labels.get("instance")
             if inst in per:
                 per[inst][key] = sample.value
-    counts = dict(store.con.execute(
-        "SELECT instance, count(*) FROM series GROUP BY 1").fetchall())
-    errors = _last_errors(store, start_ms, end_ms)
+    counts = series_count_by_instance(store)
+    errors = last_scrape_errors(store, start_ms, end_ms)
     trends = _trends(engine, start_ms, end_ms, names)
     return [InstanceSummary(n, counts.get(n, 0), {k: per[n].get(k) for k in SIGNALS}, errors.get(n), trends[n])
             for n in names]
@@ -137,15 +131,3 @@ def _trends(engine: Engine, start_ms: int, end_ms: int, names: list[str]) -> dic
                 at = dict(series.points)
                 out[inst][key] = [at.get(t) for t in times]
     return out
-
-
-def _last_errors(store: Store, start_ms: int, end_ms: int) -> dict[str, str]:
-    rows = store.con.execute(
-        "SELECT instance, arg_max(message, ts) FROM events WHERE kind = 'scrape_error' AND ts > ? AND ts <= ? "
-        "GROUP BY 1", [start_ms, end_ms]).fetchall()
-    return dict(rows)
-
-
-def unit_of(signal: str) -> str:
-    """The unit of a summary signal ('' when it is a count)."""
-    return SIGNALS[signal][1]

@@ -101,8 +101,6 @@ ENABLE_CHUNKED_PREFILL = Default(True, "engine/arg_utils.py:2990 model_config.is
                                        "on for generative decoder models (config/model.py:2175)")
 SCHEDULING_POLICY = Default("fcfs", "config/scheduler.py:159")
 LONG_PREFILL_TOKEN_THRESHOLD = Default(0, "config/scheduler.py:79 (0: no limit on one request's prefill chunk)")
-KV_CACHE_MEMORY_BYTES = Default(None, "GPU: gpu_memory_utilization x device memory minus the profiled "
-                                      "non-KV use; CPU: VLLM_CPU_KVCACHE_SPACE GiB (platforms/cpu.py:324-327)")
 
 
 def block_size(hw: Hardware) -> Default:

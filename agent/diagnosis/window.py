@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_sentinel.agent.alerts.rulefile import RuleFile
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, evaluate_window
 

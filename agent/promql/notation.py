@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import promql_parser as pp
+
 from vllm_sentinel.agent.promql.parser import PromQLError, matchers_of, parse
 from vllm_sentinel.collectors.base import Batch, format_labels
 
@@ -72,9 +74,7 @@ def expand_series_values(text: str) -> list[float | None | _Stale]:
 def parse_series_selector(text: str) -> tuple[str, dict[str, str]]:
     """'vllm:x{instance="a:8000",engine="0"}' -> ('vllm:x', {'instance': 'a:8000', 'engine': '0'})."""
     node = parse(text)
-    from promql_parser import VectorSelector
-
-    if not isinstance(node, VectorSelector) or node.offset is not None:
+    if not isinstance(node, pp.VectorSelector) or node.offset is not None:
         raise PromQLError(f"input series {text!r} must be a plain series selector like name{{label=\"v\"}}")
     name = None
     labels: dict[str, str] = {}

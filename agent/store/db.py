@@ -331,6 +331,13 @@ def _series_table(rows: list[tuple[int, str, str, dict[str, str], str, str]]) ->
     })
 
 
+def table_exists(store: Store, name: str) -> bool:
+    """True when the store has a table (or view) of this name."""
+    row = store.cursor().execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
+    return bool(row and row[0])
+
+
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """The highest migration applied to this database (0 for a new file)."""
     has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'").fetchone()[0]

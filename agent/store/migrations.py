@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+# One row per process captured (Capture.to_row in collectors/pyspy.py, ProfileCapture.to_row in
+# collectors/profiler.py). Columns: ts in ms since the epoch when the capture started; incident_id NULL for
+# an on-demand capture; role api_server | engine_core | worker | dp_coordinator; kind dump | record |
+# torch_profile | ...; status ok | truncated | py_spy_missing | permission_denied | process_exited | ...;
+# folded holds folded stacks, 'root;...;leaf count' per line; idle_included false when only running
+# threads were sampled (a record without --idle); process_state the /proc state letter at capture start
+# ('T' = stopped); artifact where an external trace went (the torch profiler's directory), else NULL.
+CAPTURES_TABLE = """CREATE TABLE captures (
+               capture_id VARCHAR PRIMARY KEY, ts BIGINT NOT NULL, instance VARCHAR NOT NULL,
+               incident_id VARCHAR, pid INTEGER NOT NULL, role VARCHAR NOT NULL, kind VARCHAR NOT NULL,
+               status VARCHAR NOT NULL, error VARCHAR, duration_ms BIGINT, samples BIGINT, folded VARCHAR,
+               idle_included BOOLEAN, process_state VARCHAR, artifact VARCHAR)"""
+
 # (version, description, statements); append new versions, never rewrite old ones
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (1, "series dictionary, hourly sample partitions, events", [
@@ -57,11 +70,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE INDEX config_snapshots_instance_ts ON config_snapshots (instance, ts)",
     ]),
     (4, "py-spy stack captures, linked to incidents (collectors/pyspy.py Capture.to_row)", [
-        """CREATE TABLE captures (
-               capture_id VARCHAR PRIMARY KEY, ts BIGINT NOT NULL, instance VARCHAR NOT NULL,
-               incident_id VARCHAR, pid INTEGER NOT NULL, role VARCHAR NOT NULL, kind VARCHAR NOT NULL,
-               status VARCHAR NOT NULL, error VARCHAR, duration_ms BIGINT, samples BIGINT, folded VARCHAR,
-               idle_included BOOLEAN, process_state VARCHAR, artifact VARCHAR)""",
+        CAPTURES_TABLE,
         "CREATE INDEX captures_incident ON captures (incident_id)",
     ]),
 ]

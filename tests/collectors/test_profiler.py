@@ -173,12 +173,12 @@ def test_new_files_ignores_old_files_and_unreadable_dirs(tmp_path: Path):
 def test_profile_capture_row_fits_the_captures_table(tmp_path: Path):
     import duckdb
 
-    from vllm_sentinel.collectors.pyspy import CAPTURES_TABLE_SQL
+    from vllm_sentinel.agent.store.migrations import CAPTURES_TABLE
 
     cap = prof.ProfileCapture("p1", 7, "h:1", "torch_profile", prof.STATUS_OK, artifact=str(tmp_path),
                               files=[str(tmp_path / "a.pt.trace.json.gz")])
     con = duckdb.connect(":memory:")
-    con.execute(CAPTURES_TABLE_SQL)
+    con.execute(CAPTURES_TABLE)
     row = cap.to_row()
     con.execute(f"INSERT INTO captures ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     kind, artifact = con.execute("SELECT kind, artifact FROM captures").fetchone()

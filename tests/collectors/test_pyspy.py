@@ -13,6 +13,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from vllm_sentinel.agent.store.migrations import CAPTURES_TABLE
 from vllm_sentinel.collectors import pyspy as ps
 from vllm_sentinel.collectors.frames import split_stack
 from vllm_sentinel.collectors.process import VllmProcess
@@ -189,7 +190,7 @@ def test_capture_row_fits_the_proposed_table():
                      status="ok", stacks={"thread (9): MainThread;a (x.py:1)": 3, "b (y.py:2)": 1},
                      incident_id="inc", process_state="R")
     con = duckdb.connect(":memory:")
-    con.execute(ps.CAPTURES_TABLE_SQL)
+    con.execute(CAPTURES_TABLE)
     row = cap.to_row()
     con.execute(f"INSERT INTO captures ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     folded, samples = con.execute("SELECT folded, samples FROM captures").fetchone()

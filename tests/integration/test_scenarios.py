@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.demo.scenarios import ScenarioRun
@@ -41,9 +41,9 @@ def _wait_for_daemon(db: Path, daemon: subprocess.Popen[str], timeout_s: float =
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            api.call(socket_path_for(db), "/v1/health", timeout=1)
+            client.call(socket_path_for(db), "/v1/health", timeout=1)
             return
-        except api.ApiError:
+        except client.ApiError:
             if daemon.poll() is not None:
                 raise RuntimeError(f"vllm-sentinel run exited: {daemon.stderr.read() if daemon.stderr else ''}")
             if time.monotonic() > deadline:

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo.traffic import TrafficPlan, run_traffic
@@ -45,14 +45,14 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
         deadline = time.monotonic() + 30
         while True:
             try:
-                api.call(socket_path_for(db), "/v1/health", timeout=1)
+                client.call(socket_path_for(db), "/v1/health", timeout=1)
                 break
-            except api.ApiError:
+            except client.ApiError:
                 assert daemon.poll() is None, daemon.stderr.read()
                 assert time.monotonic() < deadline, "daemon API never answered"
                 time.sleep(0.3)
         while not any(c["name"].startswith("vllm ") and c["last_ms"]
-                      for c in api.call(socket_path_for(db), "/v1/status", timeout=5)["collectors"]):
+                      for c in client.call(socket_path_for(db), "/v1/status", timeout=5)["collectors"]):
             assert time.monotonic() < deadline, "the daemon never scraped the server"
             time.sleep(0.3)  # a first scrape before the traffic, so the timeline covers all of it
         traffic_start_ms = int(time.time() * 1000)

@@ -127,7 +127,7 @@ def test_config_snapshot_in_force_at_the_start_is_used(store) -> None:
     from vllm_sentinel.agent.diagnosis import liveconfig
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--max-model-len", "512"]
     for ts, seqs in ((T0, "2"), (T0 + 19 * 60_000, "64")):  # the later one must not be shown
-        cfg = liveconfig.assemble(INSTANCE, argv=[*argv, "--max-num-seqs", seqs], ts_ms=ts)
+        cfg = liveconfig.build_live_config(INSTANCE, argv=[*argv, "--max-num-seqs", seqs], ts_ms=ts)
         assert liveconfig.save_snapshot(store, cfg, ts)
     data = assemble(store, _our_incident(store), now_ms=T0 + 20 * 60_000, rules=[RULES])
     snap = data.config

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from report_goldens import CASES, check_golden, load_fixture, render_case
 
-from vllm_sentinel.reports.markdown import (ConfigSnapshot, ReportData, duration, fmt_value, render_markdown,
+from vllm_sentinel.reports.markdown import (ConfigSnapshot, ReportData, duration, format_with_unit, render_markdown,
                                             serve_command)
 from vllm_sentinel.reports.write import prepare
 
@@ -115,8 +115,8 @@ def test_table_cells_escape_pipes() -> None:
     (0.0042, "s", "4.2 ms"), (6.1, "s", "6.1 s"), (0.97, "ratio", "97 %"), (85, "%", "85 %"),
     (75_161_927_680, "B", "70 GiB"), (512, "B", "512 B"), (2.4, "1/s", "2.4/s"), (None, "s", "n/a"), (float("nan"), "", "n/a"), (2.0, "", "2"),
 ])
-def test_fmt_value(value: float | None, unit: str, text: str) -> None:
-    assert fmt_value(value, unit) == text
+def test_format_with_unit(value: float | None, unit: str, text: str) -> None:
+    assert format_with_unit(value, unit) == text
 
 
 def test_duration_and_serve_command() -> None:

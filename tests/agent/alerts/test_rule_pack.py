@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_sentinel.agent.diagnosis.incidents import FIX_FUNCTIONS, evaluate_window, load_fix_plugins
+from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.agent.diagnosis.incidents import evaluate_window
 from vllm_sentinel.agent.store.ingest import ingest_file
-from vllm_sentinel.agent.alerts.rulefile import RuleFileError, load_rule_files, parse_rule_text, rule_test_path
+from vllm_sentinel.agent.alerts.rulefile import load_rule_files, parse_rule_text, rule_test_path
+from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack, packaged_rules_dir
 from vllm_sentinel.agent.alerts.export import export_rules
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch
 
-# DESIGN §4: the canonical incident ids
+# the canonical incident ids
 VOCABULARY = {"queue_blocking", "prefill_hol_blocking", "kv_cache_pressure", "kv_fragmentation", "oom_risk",
               "bandwidth_bound_decode", "underbatched", "ttft_slo_breach", "tpot_slo_breach", "traffic_burst",
               "frontend_cpu_bound", "engine_stall", "gpu_fault", "target_down"}
@@ -34,7 +36,6 @@ def test_the_pack_covers_every_incident_of_the_vocabulary() -> None:
 
 
 def test_every_rule_is_documented_with_evidence_and_a_fix() -> None:
-    load_fix_plugins()
     for r in alerts():
         assert r.severity in {"critical", "high", "warning", "info"}, r.name
         assert r.description and r.references, f"{r.name}: description and references"
@@ -43,7 +44,7 @@ def test_every_rule_is_documented_with_evidence_and_a_fix() -> None:
         assert r.fix, f"{r.name}: at least one fix"
         for f in r.fix:
             assert f.compute or f.suggest, f"{r.name}: fix {f.param} computes or suggests a value"
-            assert f.compute is None or f.compute in FIX_FUNCTIONS, f"{r.name}: {f.compute} not registered"
+            assert f.compute is None or f.compute in FIXES, f"{r.name}: {f.compute} not registered"
         assert "${" not in r.expr + json.dumps(r.annotations), f"{r.name}: unsubstituted parameter"
 
 
@@ -178,8 +179,8 @@ def test_the_healthy_h200_recording_raises_no_gpu_fault_or_oom_risk(h200_store) 
 
 
 def _iso(ms: int) -> str:
-    from vllm_sentinel.agent.diagnosis.incidents import iso
-    return iso(ms)
+    from vllm_sentinel.collectors.timefmt import iso_precise
+    return iso_precise(ms)
 
 
 def test_oom_risk_and_gpu_fault_fire_on_generated_gpu_series_through_ingest(tmp_path):

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.alerts.rulefile import (RuleFileError, format_duration_ms, lint_rules, load_rule_file,
-                                          load_rule_files, parse_duration_ms, parse_rule_text)
+from vllm_sentinel.agent.alerts.rulefile import load_rule_file, load_rule_files, parse_rule_text
+from vllm_sentinel.agent.alerts.rulelint import lint_rules
+from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
+from vllm_sentinel.collectors.timefmt import format_prometheus_duration_ms, parse_prometheus_duration_ms
 
 GOOD = """\
 groups:
@@ -109,13 +111,13 @@ def test_evidence_needs_signal_and_expr_and_a_number_threshold() -> None:
 
 
 def test_durations() -> None:
-    assert parse_duration_ms("1m30s") == 90_000
-    assert parse_duration_ms("0") == 0
-    assert parse_duration_ms("1h5ms") == 3_600_005
+    assert parse_prometheus_duration_ms("1m30s") == 90_000
+    assert parse_prometheus_duration_ms("0") == 0
+    assert parse_prometheus_duration_ms("1h5ms") == 3_600_005
     for bad in ("", "1.5m", "5minutes", "m"):
         with pytest.raises(ValueError):
-            parse_duration_ms(bad)
-    assert [format_duration_ms(x) for x in (0, 90_000, 3_600_000, 90 * 86_400_000, 7 * 86_400_000)] == \
+            parse_prometheus_duration_ms(bad)
+    assert [format_prometheus_duration_ms(x) for x in (0, 90_000, 3_600_000, 90 * 86_400_000, 7 * 86_400_000)] == \
         ["0s", "1m30s", "1h", "90d", "1w"]
 
 
@@ -153,8 +155,7 @@ groups:
 
 def test_shipped_rules_load_and_pass_lint() -> None:
     from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
-    from vllm_sentinel.agent.diagnosis.incidents import FIX_FUNCTIONS, load_fix_plugins
+    from vllm_sentinel.agent.diagnosis.fixes import FIXES
 
-    load_fix_plugins()
     files = load_rule_files([packaged_rules_dir()])
-    assert files and lint_rules(files, set(FIX_FUNCTIONS)) == []
+    assert files and lint_rules(files, set(FIXES)) == []

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.alerts.ruletest import (go_duration, go_float_e, promtool_lines, run_test_file, run_tests)
+from vllm_sentinel.agent.alerts.ruletest import go_float_e, promtool_lines, run_test_file, run_tests
+from vllm_sentinel.collectors.timefmt import format_go_duration_ms
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "ruletest"
 PROMTOOL = shutil.which("promtool")
@@ -94,7 +95,7 @@ def test_rule_evaluation_error_stops_the_group(tmp_path: Path) -> None:
 
 
 def test_go_formatting_helpers() -> None:
-    assert [go_duration(ms) for ms in (0, 1500, 60_000, 3_600_000, 210_000)] == ["0s", "1.5s", "1m0s", "1h0m0s",
+    assert [format_go_duration_ms(ms) for ms in (0, 1500, 60_000, 3_600_000, 210_000)] == ["0s", "1.5s", "1m0s", "1h0m0s",
                                                                                  "3m30s"]
     assert [go_float_e(v) for v in (3.0, 0.25, 1 / 3, -2.5, 0.0)] == ["3E+00", "2.5E-01", "3.333333333333333E-01",
                                                                       "-2.5E+00", "0E+00"]

@@ -8,10 +8,11 @@ import pytest
 
 from vllm_sentinel.agent.alerts.state import (FIRING, INACTIVE, PENDING, AlertingRuleState, GroupEvaluator,
                                           RuleEvalError, eval_recording, samples_to_batches)
-from vllm_sentinel.agent.alerts.rulefile import Rule, RuleGroup
-from vllm_sentinel.agent.alerts.templating import (TemplateError, check_template, expand_alert_template, go_float,
-                                            go_sprintf, humanize, humanize1024, humanize_duration,
-                                            humanize_percentage)
+from vllm_sentinel.agent.alerts.gofmt import go_float, go_sprintf
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleGroup
+from vllm_sentinel.agent.alerts.template_functions import (TemplateError, humanize, humanize1024, humanize_duration,
+                                                           humanize_percentage)
+from vllm_sentinel.agent.alerts.templating import check_template, expand_alert_template
 
 S = 1000
 M = 60_000

@@ -186,7 +186,7 @@ def wait_for(predicate, what: str, timeout: float = 60):
 @needs_alertmanager
 def test_the_daemon_sends_a_firing_incident_and_its_resolution_to_a_real_alertmanager(tmp_path, alertmanager):
     from tests.agent.daemon.test_sidecar import DOWN_RULE, Target, cli, start_daemon
-    from vllm_sentinel.agent.daemon import api
+    from vllm_sentinel.agent.daemon import client
     from vllm_sentinel.agent.daemon.paths import socket_path_for
 
     target = Target()
@@ -207,7 +207,7 @@ def test_the_daemon_sends_a_firing_incident_and_its_resolution_to_a_real_alertma
         iid = alert["annotations"]["incident_id"]
         target.mode = "ok"  # the target answers again: the incident resolves, and so does the alert
         wait_for(lambda: not alerts_in(alertmanager), "the alert to resolve")
-        status = api.call(socket_path_for(db), "/v1/status")["alertmanager"][alertmanager + "/api/v2/alerts"]
+        status = client.call(socket_path_for(db), "/v1/status")["alertmanager"][alertmanager + "/api/v2/alerts"]
         assert status["sent"] >= 2 and status["failed"] == 0, status
         shown = " ".join(cli("status", "--db", str(db)).stdout.split())  # rich wraps at 80 columns
         assert f"alertmanager {alertmanager}/api/v2/alerts: " in shown and " 0 failed, 0 dropped" in shown, shown

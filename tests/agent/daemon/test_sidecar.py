@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sentinel.agent.daemon import api
+from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store.db import Store
@@ -83,9 +83,9 @@ def start_daemon(db: Path, *targets: str, extra: tuple[str, ...] = ()) -> subpro
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            api.call(sock, "/v1/health", timeout=1)
+            client.call(sock, "/v1/health", timeout=1)
             return proc
-        except api.ApiError:
+        except client.ApiError:
             if proc.poll() is not None:
                 raise AssertionError(f"daemon exited: {proc.stderr.read()}")
             time.sleep(0.2)
@@ -97,7 +97,7 @@ def wait_status(db: Path, predicate, timeout: float = 15) -> dict:
     deadline = time.monotonic() + timeout
     doc = {}
     while time.monotonic() < deadline:
-        doc = api.call(socket_path_for(db), "/v1/status")
+        doc = client.call(socket_path_for(db), "/v1/status")
         if predicate(doc):
             return doc
         time.sleep(0.25)
@@ -244,7 +244,7 @@ def daemon_with_a_report(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path, 
     reports: list[str] = []
     while time.monotonic() < deadline and not reports:
         time.sleep(0.5)
-        reports = api.call(socket_path_for(db), "/v1/status")["reports"]
+        reports = client.call(socket_path_for(db), "/v1/status")["reports"]
     return proc, db, rules, reports
 
 
@@ -294,6 +294,35 @@ def test_params_file_overrides_thresholds_and_unknown_names_are_refused(tmp_path
     assert res.returncode == 0, res.stderr
     res = cli("diagnose", "--since", "100000d", "--db", str(db), "--params", str(bad))
     assert res.returncode == 1 and "queue_time_p95" in res.stderr and str(bad) in res.stderr
+
+
+def test_the_daemon_applies_the_values_of_the_clis_params_file(tmp_path):
+    rules = tmp_path / "down.yaml"  # by default `up == 5`: never true, so the daemon itself opens nothing
+    rules.write_text("params: {down_value: 5}\n" + DOWN_RULE.replace("expr: up == 0", "expr: up == ${down_value}"))
+    down = tmp_path / "down-params.yaml"
+    down.write_text("down_value: 0\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("down_valu: 0\n")
+    db = tmp_path / "s.duckdb"
+    proc = start_daemon(db, "http://127.0.0.1:9", extra=("--rules", str(rules)))
+    try:
+        wait_status(db, lambda d: d["collectors"][0]["last_ms"] is not None)
+        base = ("diagnose", "--since", "2m", "--db", str(db), "--rules", str(rules), "--format", "json")
+        deadline, found = time.monotonic() + 120, []
+        while time.monotonic() < deadline and not found:  # until the `up 0` samples outlast the rule's `for`
+            res = cli(*base, "--params", str(down))  # the daemon evaluates with the values the CLI read
+            assert res.returncode == 0, res.stderr
+            doc = json.loads(res.stdout)
+            found = [i["incident"] for i in doc["incidents"]]
+        assert doc["source"].startswith("daemon:") and found == ["target_down"]
+        res = cli(*base)  # the same samples with the rule file's own value: nothing
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["incidents"] == []
+        res = cli(*base, "--params", str(unknown))
+        assert res.returncode == 1 and "down_valu" in res.stderr and str(unknown) in res.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 class StallingCollector:

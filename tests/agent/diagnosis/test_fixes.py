@@ -22,7 +22,7 @@ def gpu_config(*flags: str, blocks: int = 17_900, **labels: str) -> liveconfig.L
     """Llama-3-8B on an 80 GiB H100, block 16, with the given flags."""
     info = {"block_size": "16", "num_gpu_blocks": str(blocks), "gpu_memory_utilization": "0.9",
             "enable_prefix_caching": "True", "cache_dtype": "auto", "kv_cache_memory_bytes": "None", **labels}
-    return liveconfig.assemble("gpu:8000", info, ["vllm", "serve", "meta-llama/Meta-Llama-3-8B", *flags],
+    return liveconfig.build_live_config("gpu:8000", info, ["vllm", "serve", "meta-llama/Meta-Llama-3-8B", *flags],
                                LLAMA3, "fixture", Hardware("gpu", 80 * GIB, "NVIDIA H100 80GB HBM3"))
 
 
@@ -50,7 +50,7 @@ def test_kv_cache_pressure_when_the_mean_fits_falls_back_to_the_full_length_boun
 
 
 def test_kv_cache_pressure_names_the_missing_source():
-    cfg = liveconfig.assemble("x:1", None, ["vllm", "serve", "m", "--max-num-seqs", "256"], None,
+    cfg = liveconfig.build_live_config("x:1", None, ["vllm", "serve", "m", "--max-num-seqs", "256"], None,
                               "config.json of 'm' not reachable from this host")
     f = compute("kv_cache_pressure", cfg, {"mean_prompt_tokens": 100, "mean_generation_tokens": 100})
     assert f.suggested is None and not f.concrete
@@ -131,7 +131,7 @@ def test_underbatched_and_slo_fixes():
 
 
 def test_every_fix_is_concrete_or_says_what_is_missing_on_an_empty_config():
-    empty = liveconfig.assemble("x:1", None, None, None, "model config.json not given")
+    empty = liveconfig.build_live_config("x:1", None, None, None, "model config.json not given")
     for name, fn in FIXES.items():
         f = fn(empty, {})
         if f is not None:
@@ -140,9 +140,9 @@ def test_every_fix_is_concrete_or_says_what_is_missing_on_an_empty_config():
 
 def test_incidents_hook_fills_a_rule_fix_from_a_stored_snapshot():
     from vllm_sentinel.agent.diagnosis import incidents
-    from vllm_sentinel.agent.alerts.rulefile import Fix as RuleFix, Rule
+    from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleFix
 
-    assert "kv_cache_pressure" in incidents.FIX_FUNCTIONS
+    assert "kv_cache_pressure" in FIXES
     with Store.open(":memory:") as store:
         liveconfig.save_snapshot(store, gpu_config("--max-num-seqs", "256"), T0)
         config_for = liveconfig.config_for(store, T0 + 5000)

@@ -6,11 +6,14 @@ import json
 
 import pytest
 
-from vllm_sentinel.agent.diagnosis.incidents import (FIX_FUNCTIONS, Evaluator, evaluate_window, incident_id, iso,
-                                           register_fix, stored_incidents, window_evaluator)
+from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
+from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.agent.diagnosis.incidents import (Evaluator, evaluate_window, incident_id, stored_incidents,
+                                                     window_evaluator)
 from vllm_sentinel.agent.promql.notation import load_input_series
 from vllm_sentinel.agent.alerts.rulefile import parse_rule_text
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.timefmt import iso_precise
 
 S = 1000
 RULES = """\
@@ -32,11 +35,11 @@ groups:
 
 
 @register_fix("test_double_seqs")
-def _double(config, evidence, labels):
-    if "max_num_seqs" not in config:
+def _double(config, evidence):
+    seqs = config.get("max_num_seqs")
+    if seqs is None:
         return None
-    return {"current": config["max_num_seqs"], "suggested": config["max_num_seqs"] * 2,
-            "why": f"{evidence['waiting']:g} requests wait"}
+    return Fix("--max-num-seqs", str(seqs), str(seqs * 2), f"{evidence['waiting']:g} requests wait")
 
 
 def rules(for_: str = "25s"):
@@ -63,7 +66,7 @@ def config_for(instance):
 def test_for_boundary_pair_in_window(store) -> None:
     # true for 55s..80s: active 25s at the last true step, so for=25s fires and for=30s never does
     [inc] = evaluate_window(store, 0, 150 * S, None, rules("25s"))
-    assert (inc["start"], inc["end"], inc["state"]) == (iso(80 * S), iso(85 * S), "resolved")
+    assert (inc["start"], inc["end"], inc["state"]) == (iso_precise(80 * S), iso_precise(85 * S), "resolved")
     assert evaluate_window(store, 0, 150 * S, None, rules("30s")) == []
 
 
@@ -71,7 +74,7 @@ def test_window_incident_in_the_diagnose_contract(store) -> None:
     [inc] = evaluate_window(store, 0, 150 * S, None, rules("10s"), config_for=config_for)
     assert inc["incident"] == "queue_blocking" and inc["rule"] == "QueueHigh" and inc["severity"] == "critical"
     assert inc["instance"] == "a:8000" and inc["labels"] == {"model_name": "m"}
-    assert (inc["start"], inc["end"]) == (iso(65 * S), iso(85 * S))
+    assert (inc["start"], inc["end"]) == (iso_precise(65 * S), iso_precise(85 * S))
     assert inc["peak"] == 8.0 and inc["summary"] == "a:8000: 3 waiting"  # last firing evaluation's text
     # evidence is read at the peak (65 s: 8 waiting), matched to the alert's instance
     assert [{k: v for k, v in e.items() if k != "expr"} for e in inc["evidence"]] == [
@@ -140,14 +143,14 @@ def test_open_incident_survives_a_restart(store) -> None:
     assert r["resolved"] == [] and len(second.open) == 1
     r = second(store, 85 * S)  # condition gone: the episode that started before the restart ends
     [row] = stored_incidents(store, 0, 150 * S)
-    assert r["resolved"] == [row["id"]] and row["end"] == iso(85 * S)
+    assert r["resolved"] == [row["id"]] and row["end"] == iso_precise(85 * S)
 
 
 def test_unregistered_fix_function_says_so(store) -> None:
     text = RULES.format(for_="10s").replace("test_double_seqs", "nope")
     [inc] = evaluate_window(store, 0, 150 * S, None, [parse_rule_text(text, "q.yaml")])
     assert "fix function 'nope' is not registered" in inc["fixes"][0]["why"]
-    assert "test_double_seqs" in FIX_FUNCTIONS
+    assert "test_double_seqs" in FIXES
 
 
 RECORDED = """\
@@ -171,7 +174,7 @@ def test_window_replays_recording_rules_the_store_lacks(store) -> None:
     rf = [parse_rule_text(RECORDED, "r.yaml")]
     assert needs_replay(store, rf[0].groups)  # history nobody evaluated: no instance:waiting:max stored
     [inc] = evaluate_window(store, 0, 150 * S, None, rf)
-    assert (inc["rule"], inc["start"], inc["end"], inc["peak"]) == ("QueueHighRecorded", iso(65 * S), iso(85 * S), 8.0)
+    assert (inc["rule"], inc["start"], inc["end"], inc["peak"]) == ("QueueHighRecorded", iso_precise(65 * S), iso_precise(85 * S), 8.0)
     assert inc["evidence"][0]["value"] == 8.0
     # once the sidecar has recorded the series, the window reads them from the store itself
     ev = Evaluator(rf)

@@ -53,7 +53,7 @@ def test_cache_config_info_from_a_real_capture_is_read_typed(store):
     assert liveconfig.latest_cache_info(store, "other:1", T0) is None
 
 
-def test_assemble_from_store_argv_and_model_config(store):
+def test_build_live_config_from_store_argv_and_model_config(store):
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODELS / "llama-3-8b"),
             "--max-num-seqs", "64", "--max-num-batched-tokens=4096"]
     cfg = liveconfig.collect(store, INSTANCE, T0, argv=argv)
@@ -86,14 +86,14 @@ def test_cpu_api_server_default_max_num_seqs_when_no_flag(store):
 
 
 def test_unknown_platform_leaves_hardware_dependent_defaults_unknown_with_the_reason():
-    cfg = liveconfig.assemble("gpu:8000", None, None, None, "")
+    cfg = liveconfig.build_live_config("gpu:8000", None, None, None, "")
     assert cfg.get("max_num_seqs") is None
     assert "platform" in cfg.source("max_num_seqs") and cfg.source("max_num_seqs").startswith("unknown: ")
     assert "cache_config_info" in cfg.source("num_gpu_blocks")
     assert cfg.get("gpu_memory_utilization") == 0.92  # hardware-independent defaults are known
-    h200 = liveconfig.assemble("gpu:8000", None, None, None, "", hardware=Hardware("gpu", 141 * GIB, "NVIDIA H200"))
+    h200 = liveconfig.build_live_config("gpu:8000", None, None, None, "", hardware=Hardware("gpu", 141 * GIB, "NVIDIA H200"))
     assert h200.get("max_num_seqs") == 1024 and h200.get("max_num_batched_tokens") == 8192
-    a100 = liveconfig.assemble("gpu:8000", None, None, None, "", hardware=Hardware("gpu", 80 * GIB, "NVIDIA A100-SXM4-80GB"))
+    a100 = liveconfig.build_live_config("gpu:8000", None, None, None, "", hardware=Hardware("gpu", 80 * GIB, "NVIDIA A100-SXM4-80GB"))
     assert a100.get("max_num_seqs") == 256 and a100.get("block_size") == 16
 
 
@@ -101,7 +101,7 @@ def test_gpu_blocks_give_kv_bytes_when_vllm_does_not_report_them():
     labels = {"block_size": "16", "num_gpu_blocks": "10000", "gpu_memory_utilization": "0.9",
               "kv_cache_memory_bytes": "None", "cache_dtype": "auto", "enable_prefix_caching": "True"}
     model = json.loads((MODELS / "llama-2-7b" / "config.json").read_text())
-    cfg = liveconfig.assemble("g:1", labels, ["vllm", "serve", "x"], model, "fixture")
+    cfg = liveconfig.build_live_config("g:1", labels, ["vllm", "serve", "x"], model, "fixture")
     assert cfg.get("kv_capacity_tokens") == 160_000
     assert cfg.get("kv_cache_memory_bytes") == 160_000 * 524_288
     assert cfg.source("kv_cache_memory_bytes").startswith("derived")
@@ -124,11 +124,11 @@ def test_find_model_config_dir_file_and_hf_cache(tmp_path, monkeypatch):
 
 
 def test_snapshots_saved_only_on_change_and_loaded_as_of_a_time(store):
-    a = liveconfig.assemble(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "256"], None, "absent")
+    a = liveconfig.build_live_config(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "256"], None, "absent")
     assert liveconfig.save_snapshot(store, a, T0) is True
-    same = liveconfig.assemble(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "256"], None, "absent")
+    same = liveconfig.build_live_config(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "256"], None, "absent")
     assert liveconfig.save_snapshot(store, same, T0 + 1000) is False
-    b = liveconfig.assemble(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "128"], None, "absent")
+    b = liveconfig.build_live_config(INSTANCE, {"block_size": "16", "num_gpu_blocks": "100"}, ["vllm", "serve", "m", "--max-num-seqs", "128"], None, "absent")
     assert liveconfig.save_snapshot(store, b, T0 + 60_000) is True
     assert liveconfig.load_snapshot_at(store, INSTANCE, T0 - 1) is None
     at = liveconfig.load_snapshot_at(store, INSTANCE, T0 + 59_999)
@@ -143,7 +143,7 @@ def test_snapshots_saved_only_on_change_and_loaded_as_of_a_time(store):
 def test_snapshots_survive_reopening_the_file(tmp_path):
     path = tmp_path / "s.duckdb"
     with Store.open(path) as s:
-        liveconfig.save_snapshot(s, liveconfig.assemble("i", {"block_size": "16"}, None, None, ""), T0)
+        liveconfig.save_snapshot(s, liveconfig.build_live_config("i", {"block_size": "16"}, None, None, ""), T0)
     with Store.open(path, read_only=True) as s:
         assert liveconfig.load_snapshot_at(s, "i", T0).get("block_size") == 16
 
@@ -188,7 +188,7 @@ def test_chunked_prefill_off_raises_batched_tokens_to_max_model_len():
     assert vllm_defaults.max_num_batched_tokens(Hardware(None), 8192).value is None
 
 
-def test_record_snapshot_stores_what_collect_assembles_once(store):
+def test_record_snapshot_stores_what_collect_builds_once(store):
     argv = ["vllm", "serve", str(MODELS / "llama-3-8b"), "--max-num-seqs", "8"]
     cfg = liveconfig.record_snapshot(store, INSTANCE, T0, argv)
     again = liveconfig.record_snapshot(store, INSTANCE, T0 + 1000, argv)

@@ -1,42 +1,32 @@
-"""SQL over the store's sample partitions: per-step lookups and per-window aggregates in DuckDB.
+"""SQL over the store's sample partitions for PromQL: per-step lookups and per-window aggregates in DuckDB.
 
 Every query here is evaluated for a whole grid of evaluation steps at once (an instant query is
 a grid of one step), so a range query costs one SQL statement per selector, not one per step.
+Steps are given as reference times `ref` (evaluation time minus the selector's offset).
 Semantics follow Prometheus 2.42: an instant lookup takes the newest sample in
-[t - offset - lookback, t - offset] unless it is a staleness marker (value NULL); a range
-selector takes every non-stale sample in [t - offset - range, t - offset] (both ends closed).
+[ref - lookback, ref] unless it is a staleness marker (value NULL); a range selector takes every
+non-stale sample in [ref - range, ref] (both ends closed).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from vllm_sentinel.agent.promql.windows import Samples
-
 _names = itertools.count()
-
-
-@dataclass
-class Grid:
-    """Evaluation times of one query: t_ms[i] for step i."""
-
-    t_ms: np.ndarray  # int64
-
-    @property
-    def n(self) -> int:
-        """Number of steps."""
-        return len(self.t_ms)
 
 
 def _register(cur: duckdb.DuckDBPyConnection, table: pa.Table) -> str:
     name = f"_promql_{next(_names)}"
     cur.register(name, table)
     return name
+
+
+def _steps_table(ref: np.ndarray) -> pa.Table:
+    return pa.table({"step": pa.array(np.arange(len(ref)), pa.int32()), "ref": pa.array(ref, pa.int64())})
 
 
 def _filtered_samples(samples_sql: str, sids: list[int], lo: int, hi: int, keep_stale: bool) -> str:
@@ -47,17 +37,15 @@ def _filtered_samples(samples_sql: str, sids: list[int], lo: int, hi: int, keep_
             f"WHERE ts BETWEEN {int(lo)} AND {int(hi)} AND series_id IN ({id_list}){stale}")
 
 
-def instant_lookup(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,
-                   offset_ms: int, lookback_ms: int) -> dict[str, np.ndarray]:
+def instant_lookup(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], ref: np.ndarray,
+                   lookback_ms: int) -> dict[str, np.ndarray]:
     """Newest sample per (step, series) within the lookback; columns step, series_id, value, ts.
 
-    Example: a sample at 10s and eval at 20s with a 5m lookback -> one row (step 0, sid, v, 10000).
+    Example: a sample at 10s and ref 20s with a 5m lookback -> one row (step 0, sid, v, 10000).
     A staleness marker as the newest sample yields no row, exactly as Prometheus.
     """
-    ref = grid.t_ms - offset_ms
     lo, hi = int(ref.min()) - lookback_ms, int(ref.max())
-    steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
-                                     "ref": pa.array(ref, pa.int64())}))
+    steps = _register(cur, _steps_table(ref))
     ids = _register(cur, pa.table({"sid": pa.array(sids, pa.uint32())}))
     try:
         sql = f"""
@@ -74,7 +62,7 @@ def instant_lookup(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
 
 # Aggregates computed per (step, series) window by joining steps with samples. Only
 # quantile_over_time still goes this way (it needs each window's values sorted); every other range
-# function is computed from samples read once (window_samples, then windows.py).
+# function is computed from samples read once (window_samples, then promql's windows.py).
 _WINDOW_AGGS: dict[str, list[str]] = {
     "n": ["count(*) AS n"],
     # values in Prometheus' sort order for quantile(): NaN first, then ascending
@@ -84,8 +72,9 @@ _WINDOW_AGGS: dict[str, list[str]] = {
 
 
 def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], lo: int,
-                   hi: int) -> Samples:
-    """Non-stale samples of the series in [lo, hi], sorted by (series id, ts); Samples.rows maps back to sids.
+                   hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Non-stale samples of the series in [lo, hi] as (rank, ts, value, rows), sorted by (rank, ts):
+    rank orders the series by id, and series of rank r is sids[rows[r]].
 
     Example: sids [7, 3] -> the samples of series 3 first (rank 0, row 1), then those of series 7 (rank 1, row 0).
     """
@@ -101,28 +90,24 @@ def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
     if len(key) > 1 and not (key[1:] >= key[:-1]).all():
         order = np.argsort(key, kind="stable")
         rank, ts, val = rank[order], ts[order], val[order]
-    return Samples(rank, ts, val, by_sid)
+    return rank, ts, val, by_sid
 
 
-def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], grid: Grid,
-                      offset_ms: int, range_ms: int, wanted: list[str],
-                      quantile: float | None = None) -> dict[str, np.ndarray]:
-    """Aggregates over each (step, series) window [t-offset-range, t-offset]; one row per non-empty window.
+def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], ref: np.ndarray,
+                      range_ms: int, wanted: list[str], quantile: float | None = None) -> dict[str, np.ndarray]:
+    """Aggregates over each (step, series) window [ref-range, ref]; one row per non-empty window.
 
     Example: wanted=["n", "quantile"], quantile=0.5 -> columns step, series_id, n, q.
     """
-    ref = grid.t_ms - offset_ms
     lo, hi = int(ref.min()) - range_ms, int(ref.max())
     cols = [c for w in wanted for c in _WINDOW_AGGS[w]]
-    steps = _register(cur, pa.table({"step": pa.array(np.arange(grid.n), pa.int32()),
-                                     "ref": pa.array(ref, pa.int64())}))
+    steps = _register(cur, _steps_table(ref))
     try:
         inner = f"""
             WITH s AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)}),
                  j AS (SELECT g.step, s.* FROM {steps} g
                        JOIN s ON s.ts >= g.ref - {int(range_ms)} AND s.ts <= g.ref)"""
-        src = "j"
-        sql = f"{inner} SELECT step, series_id, {', '.join(cols)} FROM {src} GROUP BY step, series_id"
+        sql = f"{inner} SELECT step, series_id, {', '.join(cols)} FROM j GROUP BY step, series_id"
         if quantile is not None and 0 <= quantile <= 1:
             # Prometheus' quantile(): rank q*(n-1), weights applied as lower*(1-w) + upper*w
             q = f"{float(quantile)!r}::DOUBLE"  # a bare literal would be DECIMAL: exact, unlike Go
@@ -135,10 +120,8 @@ def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: li
         cur.unregister(steps)
 
 
-def raw_window(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], t_ms: int,
-               offset_ms: int, range_ms: int) -> dict[str, np.ndarray]:
-    """Non-stale samples of the series in [t-offset-range, t-offset], ordered by series and time."""
-    hi = t_ms - offset_ms
-    sql = (_filtered_samples(samples_sql, sids, hi - range_ms, hi, keep_stale=False)
-           + " ORDER BY series_id, ts")
+def raw_window(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], lo: int,
+               hi: int) -> dict[str, np.ndarray]:
+    """Non-stale samples of the series in [lo, hi], ordered by series and time."""
+    sql = _filtered_samples(samples_sql, sids, lo, hi, keep_stale=False) + " ORDER BY series_id, ts"
     return cur.execute(sql).fetchnumpy()

@@ -1,0 +1,34 @@
+"""`vllm-sentinel demo`: the whole pipeline on a real vLLM CPU server, or `--replay` on a recorded session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vllm_sentinel.agent.cli.common import err, fail, out
+from vllm_sentinel.agent.demo.live import DemoError, run_demo, run_replay_demo
+from vllm_sentinel.reports.console import render_diagnosis
+
+app = typer.Typer(add_completion=False)
+
+
+def _say(message: str) -> None:
+    err.print(f"[cyan]==>[/] {message}", highlight=False)
+
+
+@app.command()
+def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server: the same pipeline on a recorded real session"),
+         seconds: Optional[int] = typer.Option(None, help="hold each incident this long (default: long enough for the rules' `for`)"),
+         workdir: Optional[Path] = typer.Option(None, help="where databases, logs and reports go (default: ./vllm-sentinel-demo)")) -> None:
+    """The embedded default: a real vLLM CPU server, traffic that causes incidents, the sidecar, a diagnosis."""
+    try:
+        doc = run_replay_demo(workdir, _say) if replay else run_demo(seconds, workdir, _say)
+    except DemoError as e:
+        raise fail(str(e)) from None
+    render_diagnosis(out, doc, "table")
+    out.print(f"\nDatabase: {doc['database']}  (vllm-sentinel diagnose --db {doc['database']} --since 1h"
+              f"{' --until ' + doc['window']['end'] if replay else ''})", highlight=False)
+    for path in doc.get("reports", []):
+        out.print(f"Report: {path}", highlight=False)

@@ -1,0 +1,77 @@
+"""What fix computations read: evidence values, KV capacity, request lengths, and the message when one is missing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from vllm_sentinel.agent.diagnosis import kvmath
+from vllm_sentinel.agent.diagnosis.fix_registry import Fix
+from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+
+# keep a tenth of the KV cache free: requests grow while they decode, and preemption is expensive
+KV_HEADROOM = 0.9
+
+
+def evidence_value(evidence: Mapping[str, float | None], name: str) -> float | None:
+    """The evidence signal's value, None when it is absent or not a finite number."""
+    v = evidence.get(name)
+    if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
+        return None
+    return float(v)
+
+
+def readable(x: float) -> str:
+    """Readable number: 262144 -> '262,144', 0.5 -> '0.5', 1234.5678 -> '1,234.6'."""
+    if float(x).is_integer():
+        return f"{int(x):,}"
+    return f"{x:,.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def cannot_compute(param: str, current: Any, cfg: LiveConfig, need: list[str], what: str,
+                   evidence_missing: list[str] = ()) -> Fix:
+    """A Fix without a suggestion, naming the configuration values and evidence signals it lacks."""
+    miss = cfg.missing(*need) + [f"evidence {e} (add it to the rule's evidence)" for e in evidence_missing]
+    return Fix(param, None if current is None else str(current), None,
+               f"cannot compute {what}: missing " + "; ".join(miss), miss)
+
+
+def kv_capacity(cfg: LiveConfig) -> tuple[int | None, str]:
+    """KV capacity in tokens and how it is known."""
+    if cfg.known("num_gpu_blocks") and cfg.known("block_size"):
+        return int(cfg.get("num_gpu_blocks")) * int(cfg.get("block_size")), \
+            f"{readable(cfg.get('num_gpu_blocks'))} blocks x {cfg.get('block_size')} tokens"
+    if cfg.known("kv_cache_memory_bytes") and cfg.known("kv_bytes_per_token") and cfg.known("block_size"):
+        cap = kvmath.capacity_from_bytes(cfg.get("kv_cache_memory_bytes"), cfg.get("kv_bytes_per_token"),
+                                         cfg.get("block_size"))
+        return cap.tokens, (f"{kvmath.fmt_bytes(cfg.get('kv_cache_memory_bytes'))} / "
+                            f"{readable(cfg.get('kv_bytes_per_token'))} B per token")
+    return None, ""
+
+
+def request_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> tuple[float | None, str]:
+    """Tokens one request holds at its end: mean prompt + mean output, else max_model_len."""
+    p, g = evidence_value(evidence, "mean_prompt_tokens"), evidence_value(evidence, "mean_generation_tokens")
+    if p is not None and g is not None and p + g > 0:
+        return p + g, f"mean {readable(round(p))} prompt + {readable(round(g))} output tokens"
+    if cfg.known("max_model_len"):
+        max_len = cfg.get("max_model_len")
+        return float(max_len), f"max_model_len {readable(max_len)} (request lengths unknown)"
+    return None, ""
+
+
+def seqs_that_fit(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> tuple[int | None, str, list[str]]:
+    """max_num_seqs the KV cache holds for this traffic, with the arithmetic; missing inputs otherwise."""
+    cap, cap_how = kv_capacity(cfg)
+    per, per_how = request_tokens(cfg, evidence)
+    if cap is None or per is None:
+        need = [] if cap is not None else ["num_gpu_blocks", "block_size"]
+        if per is None:
+            need.append("max_model_len")
+        return None, "", need
+    bs = int(cfg.get("block_size", 16))
+    seqs = kvmath.max_num_seqs_for_mean_tokens(cap, per, bs, KV_HEADROOM)
+    how = (f"KV capacity {readable(cap)} tokens ({cap_how}) x {KV_HEADROOM} headroom / "
+           f"({per_how} + {bs // 2} for the partly filled last block) = {seqs} sequences")
+    return seqs, how, []

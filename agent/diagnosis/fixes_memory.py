@@ -1,0 +1,129 @@
+"""Fixes for memory incidents: KV cache pressure, OOM risk, KV fragmentation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from vllm_sentinel.agent.diagnosis import kvmath
+from vllm_sentinel.agent.diagnosis.fix_inputs import (cannot_compute, evidence_value, kv_capacity, readable,
+                                                      request_tokens, seqs_that_fit)
+from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
+from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+
+# GPU memory a server may use at its peak before a fragmentation or activation spike kills it
+SAFE_GPU_MEMORY_RATIO = 0.95
+
+
+# -- kv_cache_pressure -----------------------------------------------------------------------------
+
+@register_fix("kv_cache_pressure")
+@register_fix("kv_cache_pressure.max_num_seqs")
+def kv_pressure_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Lower --max-num-seqs to what the KV cache holds for the observed request lengths."""
+    param, current = "--max-num-seqs", cfg.get("max_num_seqs")
+    seqs, how, need = seqs_that_fit(cfg, evidence)
+    if seqs is None:
+        return cannot_compute(param, current, cfg, need, "how many sequences fit in the KV cache")
+    if current is not None and seqs >= current:
+        # the limit already fits the mean request: the long tail overflows; fall back to the full-length bound
+        if cfg.known("max_model_len") and cfg.known("num_gpu_blocks"):
+            safe = kvmath.safe_max_num_seqs(cfg.get("num_gpu_blocks"), cfg.get("block_size"), cfg.get("max_model_len"),
+                                            cfg.get("sliding_window"))
+            if 0 < safe < current:
+                return Fix(param, str(current), str(safe),
+                           f"{how}, above the current {current}, so long requests overflow: "
+                           f"{readable(cfg.get('num_gpu_blocks'))} blocks / "
+                           f"ceil({readable(cfg.get('max_model_len'))} / "
+                           f"{cfg.get('block_size')}) blocks per max-length request = {safe} sequences never preempt")
+        return None
+    cur = "unknown" if current is None else str(current)
+    pressure = ""
+    if current is not None:
+        per, _ = request_tokens(cfg, evidence)
+        cap, _ = kv_capacity(cfg)
+        pressure = (f"; at --max-num-seqs {current} the running requests need up to {readable(round(current * per))} "
+                    f"tokens, {current * per / cap:.0%} of capacity, so the scheduler preempts")
+    why = f"{how}{pressure}"
+    if current is None:
+        why += f" (current value unknown: {cfg.source('max_num_seqs')})"
+    return Fix(param, None if current is None else str(current), str(seqs), why)
+
+
+# -- oom_risk ----------------------------------------------------------------------------------------
+
+@register_fix("oom_risk")
+@register_fix("oom_risk.gpu_memory_utilization")
+def oom_gpu_memory_utilization(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Lower --gpu-memory-utilization by the amount the peak exceeds a safe share of GPU memory."""
+    param, current = "--gpu-memory-utilization", cfg.get("gpu_memory_utilization")
+    used = evidence_value(evidence, "gpu_memory_used_ratio")
+    if current is None or used is None:
+        return cannot_compute(param, current, cfg, ["gpu_memory_utilization"], "a lower utilisation",
+                        [] if used is not None else ["gpu_memory_used_ratio"])
+    over = used - SAFE_GPU_MEMORY_RATIO
+    if over <= 0:
+        return None
+    suggested = math.floor((current - over) * 100) / 100
+    if suggested <= 0.1:
+        return None
+    why = (f"GPU memory peaked at {used:.1%} of total, {over:.1%} above the {SAFE_GPU_MEMORY_RATIO:.0%} safe line; "
+           f"{current} - {over:.3f} = {suggested}")
+    total = evidence_value(evidence, "gpu_memory_total_bytes")
+    bpt = cfg.get("kv_bytes_per_token")
+    if total and bpt:
+        why += f" (costs about {readable(int((current - suggested) * total / bpt))} KV tokens of capacity)"
+    return Fix(param, str(current), f"{suggested:.2f}", why)
+
+
+@register_fix("oom_risk.max_model_len")
+def oom_max_model_len(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Lower --max-model-len so max_num_seqs requests of that length fit the KV cache."""
+    param, current = "--max-model-len", cfg.get("max_model_len")
+    seqs = cfg.get("max_num_seqs")
+    cap, cap_how = kv_capacity(cfg)
+    if current is None or seqs is None or cap is None:
+        return cannot_compute(param, current, cfg, ["max_model_len", "max_num_seqs", "num_gpu_blocks", "block_size"],
+                        "a max_model_len that fits")
+    if current * seqs <= cap:
+        return None
+    bs = int(cfg.get("block_size", 16))
+    suggested = (cap // seqs) // bs * bs
+    p, g = evidence_value(evidence, "mean_prompt_tokens"), evidence_value(evidence, "mean_generation_tokens")
+    if suggested < bs or (p is not None and g is not None and suggested < p + g):
+        return None  # the traffic itself needs longer requests: lower max_num_seqs instead
+    return Fix(param, str(current), str(suggested),
+               f"--max-num-seqs {seqs} x max_model_len {readable(current)} = {readable(current * seqs)} tokens > KV "
+               "capacity "
+               f"{readable(cap)} ({cap_how}); {readable(cap)} / {seqs}, rounded down to the block size {bs} = "
+               f"{readable(suggested)}")
+
+
+# -- kv_fragmentation --------------------------------------------------------------------------------
+
+@register_fix("kv_fragmentation")
+@register_fix("kv_fragmentation.block_size")
+def fragmentation_block_size(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """A smaller --block-size when partly filled last blocks explain the unused KV slots."""
+    param, bs = "--block-size", cfg.get("block_size")
+    running, usage = evidence_value(evidence, "running"), evidence_value(evidence, "kv_usage")
+    p, g = evidence_value(evidence, "mean_prompt_tokens"), evidence_value(evidence, "mean_generation_tokens")
+    ev_missing = [n for n, v in (("running", running), ("kv_usage", usage), ("mean_prompt_tokens", p),
+                                 ("mean_generation_tokens", g)) if v is None]
+    if bs is None or not cfg.known("num_gpu_blocks") or ev_missing:
+        return cannot_compute(param, bs, cfg, ["block_size", "num_gpu_blocks"], "the block size", ev_missing)
+    est = kvmath.fragmentation_estimate(running, p, g, usage * cfg.get("num_gpu_blocks"), bs)
+    smallest = 32 if cfg.get("platform") == "cpu" else 16  # CPU prefers multiples of 32 (platforms/cpu.py:295)
+    if bs <= smallest or est.wasted_slots <= 0:
+        return None
+    # expected use with the smaller block: the same tokens, last-block waste shrinks with the block
+    new_waste = running * (smallest - 1) / 2
+    new_util = est.tokens_held / (est.tokens_held + new_waste) if est.tokens_held else 1.0
+    return Fix(param, str(bs), str(smallest),
+               f"{readable(round(running))} running requests hold about {readable(round(est.tokens_held))} tokens "
+               f"({readable(round(est.mean_tokens_per_running))} each: prompt {readable(round(p))} + half of "
+               f"{readable(round(g))} output) "
+               f"in {readable(round(est.blocks_used))} blocks x {bs} = {readable(round(est.slots_held))} slots, "
+               f"{est.utilisation:.0%} used; the partly filled last blocks alone waste "
+               f"~{readable(round(est.expected_last_block_waste))} "
+               f"slots, with block {smallest} ~{readable(round(new_waste))} ({new_util:.0%} of held slots used)")

@@ -1,0 +1,46 @@
+"""Reads of samples joined to their series, over the hourly partitions a window touches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+
+def instances_with_samples(store: Any, start_ms: int, end_ms: int) -> list[str]:
+    """Instances with at least one sample in (start_ms, end_ms], sorted."""
+    rows = store.cursor().execute(
+        f"SELECT DISTINCT s.instance FROM {store.samples_sql(start_ms, end_ms)} x JOIN series s USING (series_id) "
+        "WHERE x.ts > ? AND x.ts <= ? ORDER BY 1", [start_ms, end_ms]).fetchall()
+    return [r[0] for r in rows]
+
+
+def samples_of_metrics(store: Any, metrics: Iterable[str] | None, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Samples in [lo, hi] (staleness markers included) of the named metrics, or of every metric when None;
+    columns ts, instance, metric, labels_text, value, grouped by instance."""
+    names = None if metrics is None else sorted(metrics)
+    where = "" if names is None else f"AND se.metric IN ({', '.join('?' * len(names))})"
+    return store.cursor().execute(
+        f"SELECT s.ts, se.instance, se.metric, se.labels_text, s.value FROM {store.samples_sql(lo, hi)} s "
+        f"JOIN series se ON s.series_id = se.series_id WHERE s.ts >= ? AND s.ts <= ? {where} "
+        f"ORDER BY se.instance", [lo, hi, *(names or [])]).fetchnumpy()
+
+
+def values_between(store: Any, start_ms: int, end_ms: int) -> list[tuple[int, int, float]]:
+    """(series_id, ts, value) of every sample in (start_ms, end_ms] that is not a staleness marker,
+    by series then time."""
+    return store.cursor().execute(
+        f"SELECT series_id, ts, value FROM {store.samples_sql(start_ms, end_ms)} "
+        "WHERE ts > ? AND ts <= ? AND value IS NOT NULL ORDER BY series_id, ts", [start_ms, end_ms]).fetchall()
+
+
+def newest_labels(store: Any, metric: str, instance: str, at_ms: int, lookback_ms: int) -> dict[str, str] | None:
+    """Labels of the newest non-stale sample of `metric` on `instance` in (at_ms - lookback_ms, at_ms]; among
+    series sampled at that time, the lowest `engine` label wins."""
+    row = store.cursor().execute(
+        f"SELECT s.labels FROM series s JOIN {store.samples_sql(at_ms - lookback_ms, at_ms)} p "
+        "ON p.series_id = s.series_id WHERE s.metric = ? AND s.instance = ? AND p.ts <= ? AND p.ts > ? "
+        "AND p.value IS NOT NULL ORDER BY p.ts DESC, s.labels['engine'] ASC LIMIT 1",
+        [metric, instance, at_ms, at_ms - lookback_ms]).fetchone()
+    return dict(row[0]) if row else None
