@@ -48,6 +48,17 @@ def _wait_until_serving(server: VllmServer, timeout_s: float = 60) -> None:
     raise AssertionError(f"no request running on {server.url} within {timeout_s} s of starting traffic")
 
 
+def _unclassified_vllm_stacks(stacks: dict[str, int]) -> dict[str, int]:
+    """Whole stacks through vLLM's code that the classifier leaves in `other` (a record samples running threads)."""
+    out = {}
+    for stack, n in stacks.items():
+        _, frames = fr.split_stack(stack)
+        if (fr.complete_stack(frames) and any("vllm/" in f for f in frames)
+                and fr.classify_stack(frames, active=True) == fr.OTHER):
+            out[stack] = n
+    return out
+
+
 def test_discovery_finds_api_server_engine_core_and_worker(vllm_server: VllmServer):
     procs = discover(vllm_server.url)
     roles = [p.role for p in procs]
@@ -74,13 +85,24 @@ def test_capture_under_load_has_engine_and_worker_stacks_and_classifies_them(vll
     assert result.ok > 0 and result.failed == 0
     assert tc.status == ps.STATUS_OK, tc.error
     by_role = {c.role: c for c in tc.captures}
+    for cap in tc.captures:
+        # whole stacks through vLLM's code get a class: a property of the rules, not of the moment. None
+        # was left in 27 records per process; the 2 % allows a rare stack no record has shown yet, while
+        # a frame the rules stop knowing (the worker's step, the engine's loop) is a tenth or more
+        unknown = _unclassified_vllm_stacks(cap.stacks)
+        assert sum(unknown.values()) <= 0.02 * max(1, sum(cap.stacks.values())), (cap.role, unknown)
     for role in ("engine_core", "worker"):
         cap = by_role[role]
         assert cap.ok, (role, cap.status, cap.error)
         assert any("vllm/" in s for s in cap.stacks), role
         profile = cap.profile()
         assert profile.samples >= 20, (role, profile.to_dict())
-        assert profile.classified_share > 0.8, (role, profile.to_dict())
+        # `other` is then what py-spy could not read whole: --nonblocking races the running thread and
+        # a sample comes back with no frame or cut short. That share depends on timing (0-10% of samples
+        # per record in 27 records per process, tests/collectors/fixtures/frames/README.md), so it only
+        # has to leave most samples readable: below half, py-spy no longer reads this Python.
+        whole = sum(n for s, n in cap.stacks.items() if fr.complete_stack(fr.split_stack(s)[1]))
+        assert whole >= 0.5 * profile.samples, (role, whole, profile.to_dict())
     worker_busy = by_role["worker"].profile().busy_shares()
     assert worker_busy.get(fr.MODEL_FORWARD, 0) > 0.3, (worker_busy, by_role["worker"].profile().to_dict())
     assert any("vllm/v1/engine/core.py" in s for s in by_role["engine_core"].stacks)
