@@ -22,6 +22,12 @@ def evidence_value(evidence: Mapping[str, float | None], name: str) -> float | N
     return float(v)
 
 
+def signals(evidence: Mapping[str, float | None], *names: str) -> tuple[list[float | None], list[str]]:
+    """The named evidence values in order (each as evidence_value reads it), and the names of the missing ones."""
+    values = [evidence_value(evidence, n) for n in names]
+    return values, [n for n, v in zip(names, values) if v is None]
+
+
 def readable(x: float) -> str:
     """Readable number: 262144 -> '262,144', 0.5 -> '0.5', 1234.5678 -> '1,234.6'."""
     if float(x).is_integer():

@@ -39,10 +39,11 @@ FixFn = Callable[[LiveConfig, Mapping[str, float | None]], "Fix | None"]
 FIXES: dict[str, FixFn] = {}
 
 
-def register_fix(name: str) -> Callable[[FixFn], FixFn]:
-    """Register a fix computation under `name` (the rule files' `compute:` value)."""
+def register_fix(*names: str) -> Callable[[FixFn], FixFn]:
+    """Register a fix computation under each of `names` (the rule files' `compute:` values)."""
     def deco(fn: FixFn) -> FixFn:
-        FIXES[name] = fn
+        for name in names:
+            FIXES[name] = fn
         return fn
     return deco
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from vllm_sentinel.agent.diagnosis import kvmath
 from vllm_sentinel.agent.diagnosis.fix_inputs import (cannot_compute, evidence_value, kv_capacity, readable,
-                                                      request_tokens, seqs_that_fit)
+                                                      request_tokens, seqs_that_fit, signals)
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
@@ -17,8 +17,7 @@ SAFE_GPU_MEMORY_RATIO = 0.95
 
 # -- kv_cache_pressure -----------------------------------------------------------------------------
 
-@register_fix("kv_cache_pressure")
-@register_fix("kv_cache_pressure.max_num_seqs")
+@register_fix("kv_cache_pressure", "kv_cache_pressure.max_num_seqs")
 def kv_pressure_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Lower --max-num-seqs to what the KV cache holds for the observed request lengths."""
     param, current = "--max-num-seqs", cfg.get("max_num_seqs")
@@ -52,15 +51,13 @@ def kv_pressure_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | Non
 
 # -- oom_risk ----------------------------------------------------------------------------------------
 
-@register_fix("oom_risk")
-@register_fix("oom_risk.gpu_memory_utilization")
+@register_fix("oom_risk", "oom_risk.gpu_memory_utilization")
 def oom_gpu_memory_utilization(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Lower --gpu-memory-utilization by the amount the peak exceeds a safe share of GPU memory."""
     param, current = "--gpu-memory-utilization", cfg.get("gpu_memory_utilization")
-    used = evidence_value(evidence, "gpu_memory_used_ratio")
-    if current is None or used is None:
-        return cannot_compute(param, current, cfg, ["gpu_memory_utilization"], "a lower utilisation",
-                        [] if used is not None else ["gpu_memory_used_ratio"])
+    (used,), absent = signals(evidence, "gpu_memory_used_ratio")
+    if current is None or absent:
+        return cannot_compute(param, current, cfg, ["gpu_memory_utilization"], "a lower utilisation", absent)
     over = used - SAFE_GPU_MEMORY_RATIO
     if over <= 0:
         return None
@@ -101,15 +98,12 @@ def oom_max_model_len(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> 
 
 # -- kv_fragmentation --------------------------------------------------------------------------------
 
-@register_fix("kv_fragmentation")
-@register_fix("kv_fragmentation.block_size")
+@register_fix("kv_fragmentation", "kv_fragmentation.block_size")
 def fragmentation_block_size(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """A smaller --block-size when partly filled last blocks explain the unused KV slots."""
     param, bs = "--block-size", cfg.get("block_size")
-    running, usage = evidence_value(evidence, "running"), evidence_value(evidence, "kv_usage")
-    p, g = evidence_value(evidence, "mean_prompt_tokens"), evidence_value(evidence, "mean_generation_tokens")
-    ev_missing = [n for n, v in (("running", running), ("kv_usage", usage), ("mean_prompt_tokens", p),
-                                 ("mean_generation_tokens", g)) if v is None]
+    (running, usage, p, g), ev_missing = signals(evidence, "running", "kv_usage", "mean_prompt_tokens",
+                                                 "mean_generation_tokens")
     if bs is None or not cfg.known("num_gpu_blocks") or ev_missing:
         return cannot_compute(param, bs, cfg, ["block_size", "num_gpu_blocks"], "the block size", ev_missing)
     est = kvmath.fragmentation_estimate(running, p, g, usage * cfg.get("num_gpu_blocks"), bs)

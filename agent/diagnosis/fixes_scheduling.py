@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from vllm_sentinel.agent.diagnosis.fix_inputs import cannot_compute, evidence_value, readable, seqs_that_fit
+from vllm_sentinel.agent.diagnosis.fix_inputs import cannot_compute, evidence_value, readable, seqs_that_fit, signals
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
@@ -15,8 +15,7 @@ MAX_BATCHED_TOKENS = 16384
 
 # -- queue_blocking --------------------------------------------------------------------------------
 
-@register_fix("queue_blocking")
-@register_fix("queue_blocking.max_num_seqs")
+@register_fix("queue_blocking", "queue_blocking.max_num_seqs")
 def queue_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Raise --max-num-seqs when the KV cache has room for more sequences (else see queue_blocking.replicas)."""
     param, current = "--max-num-seqs", cfg.get("max_num_seqs")
@@ -42,14 +41,14 @@ def queue_replicas(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix
     """Add replicas when the queue is longer than the KV cache can take in."""
     param = "replicas"
     replicas = evidence_value(evidence, "replicas") or 1.0
-    running, waiting = evidence_value(evidence, "running"), evidence_value(evidence, "waiting")
+    running = evidence_value(evidence, "running")
+    (waiting,), absent = signals(evidence, "waiting")
     current = cfg.get("max_num_seqs")
     seqs, how, _ = seqs_that_fit(cfg, evidence)
     per_replica = min(x for x in (current, seqs) if x is not None) if (current or seqs) else None
     if per_replica is None or waiting is None:
-        ev = [e for e, v in (("waiting", waiting),) if v is None]
         return cannot_compute(param, int(replicas), cfg, [] if per_replica else ["max_num_seqs"],
-                        "how many replicas the queue needs", ev)
+                              "how many replicas the queue needs", absent)
     demand = (running if running is not None else per_replica * replicas) + waiting
     needed = max(int(replicas) + 1, math.ceil(demand / per_replica))
     if seqs is not None and current is not None and seqs > current:
@@ -67,8 +66,7 @@ def _round_down(x: float, step: int) -> int:
     return max(step, int(x // step) * step)
 
 
-@register_fix("prefill_hol_blocking")
-@register_fix("prefill_hol_blocking.max_num_batched_tokens")
+@register_fix("prefill_hol_blocking", "prefill_hol_blocking.max_num_batched_tokens")
 def prefill_max_num_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Lower --max-num-batched-tokens so one long prompt's chunk cannot fill a whole step."""
     param, current = "--max-num-batched-tokens", cfg.get("max_num_batched_tokens")
@@ -124,15 +122,13 @@ def prefill_long_threshold(cfg: LiveConfig, evidence: Mapping[str, float | None]
 
 # -- underbatched ------------------------------------------------------------------------------------
 
-@register_fix("underbatched")
-@register_fix("underbatched.max_num_batched_tokens")
+@register_fix("underbatched", "underbatched.max_num_batched_tokens")
 def underbatched_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Raise --max-num-batched-tokens when steps are capped by it while the device idles."""
     param, current = "--max-num-batched-tokens", cfg.get("max_num_batched_tokens")
-    p95 = evidence_value(evidence, "iteration_tokens_p95")
-    if current is None or p95 is None:
-        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a larger step budget",
-                        [] if p95 is not None else ["iteration_tokens_p95"])
+    (p95,), absent = signals(evidence, "iteration_tokens_p95")
+    if current is None or absent:
+        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a larger step budget", absent)
     if p95 < 0.9 * current or current >= MAX_BATCHED_TOKENS:
         return None
     suggested = min(MAX_BATCHED_TOKENS, current * 2)
@@ -147,11 +143,10 @@ def underbatched_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | 
 def underbatched_replicas(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Fold traffic into fewer replicas when each runs far below its --max-num-seqs."""
     param = "replicas"
-    replicas, running = evidence_value(evidence, "replicas"), evidence_value(evidence, "running")
+    (replicas, running), absent = signals(evidence, "replicas", "running")
     seqs = cfg.get("max_num_seqs")
-    if replicas is None or running is None or seqs is None:
-        return cannot_compute(param, replicas, cfg, ["max_num_seqs"], "a replica count",
-                        [n for n, v in (("replicas", replicas), ("running", running)) if v is None])
+    if absent or seqs is None:
+        return cannot_compute(param, replicas, cfg, ["max_num_seqs"], "a replica count", absent)
     target = max(1, math.ceil(replicas * running / (0.7 * seqs)))
     if target >= replicas:
         return None
@@ -163,14 +158,11 @@ def underbatched_replicas(cfg: LiveConfig, evidence: Mapping[str, float | None])
 
 # -- latency objectives ------------------------------------------------------------------------------
 
-@register_fix("tpot_slo_breach")
-@register_fix("tpot_slo_breach.max_num_seqs")
+@register_fix("tpot_slo_breach", "tpot_slo_breach.max_num_seqs")
 def tpot_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Lower --max-num-seqs so decode steps, which grow with the batch, meet the TPOT objective."""
     param, current = "--max-num-seqs", cfg.get("max_num_seqs")
-    tpot, slo, running = (evidence_value(evidence, n) for n in ("tpot_p95_seconds", "tpot_slo_seconds", "running"))
-    ev_missing = [n for n, v in (("tpot_p95_seconds", tpot), ("tpot_slo_seconds", slo), ("running", running))
-                  if v is None]
+    (tpot, slo, running), ev_missing = signals(evidence, "tpot_p95_seconds", "tpot_slo_seconds", "running")
     if ev_missing or not tpot or not slo:
         return cannot_compute(param, current, cfg, [], "a batch size that meets the objective",
                               ev_missing or ["tpot_p95_seconds"])
@@ -187,14 +179,12 @@ def tpot_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> 
                f"{tpot * 1000:.0f} = {suggested} sequences")
 
 
-@register_fix("ttft_slo_breach")
-@register_fix("ttft_slo_breach.max_num_seqs")
+@register_fix("ttft_slo_breach", "ttft_slo_breach.max_num_seqs")
 def ttft_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """When queueing makes most of TTFT, admit more sequences if the KV cache allows (as queue_blocking)."""
-    ttft, queue = evidence_value(evidence, "ttft_p95_seconds"), evidence_value(evidence, "queue_time_p95_seconds")
-    if ttft is None or queue is None:
-        return cannot_compute("--max-num-seqs", cfg.get("max_num_seqs"), cfg, [], "where TTFT goes",
-                        [n for n, v in (("ttft_p95_seconds", ttft), ("queue_time_p95_seconds", queue)) if v is None])
+    (ttft, queue), absent = signals(evidence, "ttft_p95_seconds", "queue_time_p95_seconds")
+    if absent:
+        return cannot_compute("--max-num-seqs", cfg.get("max_num_seqs"), cfg, [], "where TTFT goes", absent)
     if queue < 0.5 * ttft:
         return None  # prefill, not queueing, dominates: see ttft_slo_breach.max_num_batched_tokens
     f = queue_max_num_seqs(cfg, evidence)
@@ -207,10 +197,9 @@ def ttft_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> 
 def ttft_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """When prefill dominates TTFT and a mean prompt needs several steps, raise the step budget to hold one."""
     param, current = "--max-num-batched-tokens", cfg.get("max_num_batched_tokens")
-    prompt = evidence_value(evidence, "mean_prompt_tokens")
-    if current is None or prompt is None:
-        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a step budget",
-                        [] if prompt is not None else ["mean_prompt_tokens"])
+    (prompt,), absent = signals(evidence, "mean_prompt_tokens")
+    if current is None or absent:
+        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a step budget", absent)
     if prompt <= current or current >= MAX_BATCHED_TOKENS:
         return None
     suggested = min(MAX_BATCHED_TOKENS, math.ceil(prompt / 1024) * 1024)

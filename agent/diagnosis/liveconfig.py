@@ -119,19 +119,19 @@ def _convert(raw: str, typ: type) -> Any:
 
 # --- cache_config_info ---------------------------------------------------------------------------
 
-# label -> (LiveConfig name, type); the engine's resolved values
-CACHE_INFO_LABELS: dict[str, tuple[str, type]] = {
-    "block_size": ("block_size", int),
-    "num_gpu_blocks": ("num_gpu_blocks", int),
-    "gpu_memory_utilization": ("gpu_memory_utilization", float),
-    "enable_prefix_caching": ("enable_prefix_caching", bool),
-    "kv_cache_memory_bytes": ("kv_cache_memory_bytes", int),
-    "cache_dtype": ("cache_dtype", str),
-    "kv_cache_size_tokens": ("kv_cache_size_tokens", int),
-    "kv_cache_max_concurrency": ("kv_cache_max_concurrency", float),
-    "sliding_window": ("sliding_window", int),
-    "num_gpu_blocks_override": ("num_gpu_blocks_override", int),
-    "user_specified_block_size": ("user_specified_block_size", bool),
+# label -> type: the engine's resolved values, each under its label's name in LiveConfig
+CACHE_INFO_TYPES: dict[str, type] = {
+    "block_size": int,
+    "num_gpu_blocks": int,
+    "gpu_memory_utilization": float,
+    "enable_prefix_caching": bool,
+    "kv_cache_memory_bytes": int,
+    "cache_dtype": str,
+    "kv_cache_size_tokens": int,
+    "kv_cache_max_concurrency": float,
+    "sliding_window": int,
+    "num_gpu_blocks_override": int,
+    "user_specified_block_size": bool,
 }
 
 
@@ -142,8 +142,8 @@ def parse_cache_info(labels: dict[str, str]) -> dict[str, Any]:
     -> {'block_size': 128, 'enable_prefix_caching': True}
     """
     out: dict[str, Any] = {}
-    for label, (name, typ) in CACHE_INFO_LABELS.items():
-        raw = labels.get(label)
+    for name, typ in CACHE_INFO_TYPES.items():
+        raw = labels.get(name)
         if raw is None or raw in ("None", ""):
             continue
         try:
@@ -307,7 +307,7 @@ def _derive_kv_figures(cfg: LiveConfig, shape: kvmath.KvShape | None, src_model:
         cfg.set("kv_cache_memory_bytes", None, UNKNOWN + NO_CACHE_INFO)
 
 
-CACHE_INFO_NAMES = {name for name, _ in CACHE_INFO_LABELS.values()}
+CACHE_INFO_NAMES = set(CACHE_INFO_TYPES)
 
 
 def collect(store: Any, instance: str, at_ms: int, argv: list[str] | None = None,

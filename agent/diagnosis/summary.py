@@ -11,45 +11,36 @@ from vllm_sentinel.agent.store.events_table import last_scrape_errors
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
 from vllm_sentinel.agent.store.series_table import series_count_by_instance
 
-# name -> (PromQL with {w} = window in seconds, unit); every expression keeps `instance`.
+
+def _quantile(q: float, histogram: str) -> str:
+    """PromQL for the q-quantile of a vLLM histogram over the window, per instance."""
+    return f"histogram_quantile({q}, sum by (instance, le) (increase(vllm:{histogram}_bucket[{{w}}s])))"
+
+
+# name (its unit in its suffix) -> PromQL with {w} = window in seconds; every expression keeps `instance`.
 # Counters and histograms over the whole window, not instantaneous gauges: on a busy host the API
 # server answers /metrics between engine steps, so gauges often read 0 under load.
-SIGNALS: dict[str, tuple[str, str]] = {
-    "scrapes": ("sum by (instance) (count_over_time(up[{w}s]))", ""),
-    "scrapes_ok": ("sum by (instance) (sum_over_time(up[{w}s]))", ""),
-    "scrape_duration_avg_seconds": ("avg by (instance) (avg_over_time(scrape_duration_seconds[{w}s]))", "s"),
-    "request_rate_per_s": ("sum by (instance) (increase(vllm:request_success_total[{w}s])) / {w}", "req/s"),
-    "requests_finished": ("sum by (instance) (increase(vllm:request_success_total[{w}s]))", ""),
-    "prompt_tokens_per_s": ("sum by (instance) (increase(vllm:prompt_tokens_total[{w}s])) / {w}", "tok/s"),
-    "generation_tokens_per_s": ("sum by (instance) (increase(vllm:generation_tokens_total[{w}s])) / {w}",
-                                "tok/s"),
-    "queue_time_p50_seconds": (
-        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:request_queue_time_seconds_bucket[{w}s])))",
-        "s"),
-    "queue_time_p95_seconds": (
-        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:request_queue_time_seconds_bucket[{w}s])))",
-        "s"),
-    "ttft_p50_seconds": (
-        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:time_to_first_token_seconds_bucket[{w}s])))",
-        "s"),
-    "ttft_p95_seconds": (
-        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:time_to_first_token_seconds_bucket[{w}s])))",
-        "s"),
-    "itl_p50_seconds": (
-        "histogram_quantile(0.5, sum by (instance, le) (increase(vllm:inter_token_latency_seconds_bucket[{w}s])))",
-        "s"),
-    "itl_p95_seconds": (
-        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:inter_token_latency_seconds_bucket[{w}s])))",
-        "s"),
-    "e2e_p95_seconds": (
-        "histogram_quantile(0.95, sum by (instance, le) (increase(vllm:e2e_request_latency_seconds_bucket[{w}s])))",
-        "s"),
-    "kv_cache_usage_peak": ("max by (instance) (max_over_time(vllm:kv_cache_usage_perc[{w}s]))", "ratio"),
-    "preemptions": ("sum by (instance) (increase(vllm:num_preemptions_total[{w}s]))", ""),
-    "running_peak": ("max by (instance) (max_over_time(vllm:num_requests_running[{w}s]))", ""),
-    "waiting_peak": ("max by (instance) (max_over_time(vllm:num_requests_waiting[{w}s]))", ""),
-    "gpu_util_avg_percent": ("avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}s]))", "%"),
-    "gpu_fb_used_peak_mib": ("max by (instance) (max_over_time(DCGM_FI_DEV_FB_USED[{w}s]))", "MiB"),
+SIGNALS: dict[str, str] = {
+    "scrapes": "sum by (instance) (count_over_time(up[{w}s]))",
+    "scrapes_ok": "sum by (instance) (sum_over_time(up[{w}s]))",
+    "scrape_duration_avg_seconds": "avg by (instance) (avg_over_time(scrape_duration_seconds[{w}s]))",
+    "request_rate_per_s": "sum by (instance) (increase(vllm:request_success_total[{w}s])) / {w}",
+    "requests_finished": "sum by (instance) (increase(vllm:request_success_total[{w}s]))",
+    "prompt_tokens_per_s": "sum by (instance) (increase(vllm:prompt_tokens_total[{w}s])) / {w}",
+    "generation_tokens_per_s": "sum by (instance) (increase(vllm:generation_tokens_total[{w}s])) / {w}",
+    "queue_time_p50_seconds": _quantile(0.5, "request_queue_time_seconds"),
+    "queue_time_p95_seconds": _quantile(0.95, "request_queue_time_seconds"),
+    "ttft_p50_seconds": _quantile(0.5, "time_to_first_token_seconds"),
+    "ttft_p95_seconds": _quantile(0.95, "time_to_first_token_seconds"),
+    "itl_p50_seconds": _quantile(0.5, "inter_token_latency_seconds"),
+    "itl_p95_seconds": _quantile(0.95, "inter_token_latency_seconds"),
+    "e2e_p95_seconds": _quantile(0.95, "e2e_request_latency_seconds"),
+    "kv_cache_usage_peak": "max by (instance) (max_over_time(vllm:kv_cache_usage_perc[{w}s]))",  # ratio
+    "preemptions": "sum by (instance) (increase(vllm:num_preemptions_total[{w}s]))",
+    "running_peak": "max by (instance) (max_over_time(vllm:num_requests_running[{w}s]))",
+    "waiting_peak": "max by (instance) (max_over_time(vllm:num_requests_waiting[{w}s]))",
+    "gpu_util_avg_percent": "avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}s]))",
+    "gpu_fb_used_peak_mib": "max by (instance) (max_over_time(DCGM_FI_DEV_FB_USED[{w}s]))",
 }
 
 
@@ -97,7 +88,7 @@ def health_summary(store: Store, start_ms: int, end_ms: int, instance: str | Non
     window_s = max(1, (end_ms - start_ms) // 1000)
     engine = Engine(store)
     per: dict[str, dict[str, float | None]] = {n: {} for n in names}
-    for key, (expr, _unit) in SIGNALS.items():
+    for key, expr in SIGNALS.items():
         try:
             result = engine.instant(expr.format(w=window_s), end_ms)
         except PromQLError:

@@ -130,15 +130,18 @@ def assert_traffic_served(run: ScenarioRun) -> None:
     assert all(any(r in e for r in _CLIENT_RACES) for e in t.errors), t.errors
 
 
-def measured(record_property: Callable[[str, object], None], run: ScenarioRun, doc: dict) -> None:
+def diagnosed(rig: Rig, record_property: Callable[[str, object], None],
+              scenario: Callable[[VllmServer], ScenarioRun]) -> tuple[ScenarioRun, dict]:
+    """Run one scenario on the shared server, diagnose exactly its window, and record its figures."""
+    run = scenario(running(rig))
+    doc = diagnose(rig, run)
     record_property("scenario_seconds", round(run.seconds, 1))
     record_property("incidents", sorted({i["incident"] for i in doc["incidents"]}))
+    return run, doc
 
 
 def test_healthy_light_load_fires_nothing(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    run = scenarios.healthy(running(rig))
-    doc = diagnose(rig, run)
-    measured(record_property, run, doc)
+    run, doc = diagnosed(rig, record_property, scenarios.healthy)
     assert_traffic_served(run)
     assert run.traffic is not None and run.traffic.ok > 10, run.traffic
     assert rig.server.instance in doc["instances"]
@@ -146,9 +149,7 @@ def test_healthy_light_load_fires_nothing(rig: Rig, record_property: Callable[[s
 
 
 def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    run = scenarios.queue_blocking(running(rig))
-    doc = diagnose(rig, run)
-    measured(record_property, run, doc)
+    run, doc = diagnosed(rig, record_property, scenarios.queue_blocking)
     found = assert_labelled_with_fix(doc, run)
     assert_traffic_served(run)
     # requests queued while 4 sequences ran: the fix is about --max-num-seqs or replicas, from the live config
@@ -157,9 +158,7 @@ def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]
 
 
 def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    run = scenarios.kv_cache_pressure(running(rig))
-    doc = diagnose(rig, run)
-    measured(record_property, run, doc)
+    run, doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
     found = assert_labelled_with_fix(doc, run)
     assert_traffic_served(run)
     fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
@@ -168,10 +167,7 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
 
 
 def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    server = running(rig)
-    run = scenarios.engine_stall(server)
-    doc = diagnose(rig, run)
-    measured(record_property, run, doc)
+    run, doc = diagnosed(rig, record_property, scenarios.engine_stall)
     assert run.detail["state_while_stopped"] == "T"  # really stopped, not just slow
     assert run.detail["frozen_with"]["vllm:num_requests_running"] > 0  # frozen with requests running
     found = assert_labelled_with_fix(doc, run)
@@ -179,13 +175,11 @@ def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) 
     # it fired while the engine was frozen (not before the SIGSTOP)
     assert any(_ms(i["start"]) >= stopped - 1000 and _ms(i["start"]) <= resumed + 5000 for i in found), found
     assert_traffic_served(run)  # requests in flight survived the stall
-    assert server.is_running()
+    assert rig.server.is_running()
 
 
 def test_target_down(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    run = scenarios.target_down(running(rig))
-    doc = diagnose(rig, run)
-    measured(record_property, run, doc)
+    run, doc = diagnosed(rig, record_property, scenarios.target_down)
     assert not rig.server.is_running()
     found = assert_labelled_with_fix(doc, run)
     assert all(_ms(i["start"]) >= run.phase("stopping") - 1000 for i in found), found

@@ -32,6 +32,15 @@ def stored_counters(db) -> dict[tuple[str, str], float]:
     return {(m, lab): v for m, lab, v in rows}
 
 
+def scraped_vllm(db) -> bool:
+    """True once the daemon answers on its socket and its vLLM collector has scraped at least once."""
+    try:
+        status = client.call(socket_path_for(db), "/v1/status", timeout=5)
+    except client.ApiError:
+        return False  # not listening yet
+    return any(c["name"].startswith("vllm ") and c["last_ms"] for c in status["collectors"])
+
+
 def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_server, tmp_path):
     db = tmp_path / "live.duckdb"
     # its own session, the way the README says to run it: with autogroup, a daemon sharing the test's
@@ -43,18 +52,10 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.call(socket_path_for(db), "/v1/health", timeout=1)
-                break
-            except client.ApiError:
-                assert daemon.poll() is None, daemon.stderr.read()
-                assert time.monotonic() < deadline, "daemon API never answered"
-                time.sleep(0.3)
-        while not any(c["name"].startswith("vllm ") and c["last_ms"]
-                      for c in client.call(socket_path_for(db), "/v1/status", timeout=5)["collectors"]):
-            assert time.monotonic() < deadline, "the daemon never scraped the server"
-            time.sleep(0.3)  # a first scrape before the traffic, so the timeline covers all of it
+        while not scraped_vllm(db):  # a first scrape before the traffic, so the timeline covers all of it
+            assert daemon.poll() is None, daemon.stderr.read()
+            assert time.monotonic() < deadline, "the daemon API never answered or never scraped the server"
+            time.sleep(0.3)
         traffic_start_ms = int(time.time() * 1000)
         result = run_traffic(vllm_server.url, vllm_server.model_name,
                              TrafficPlan(requests=None, duration_s=32, concurrency=3, prompt_tokens=40, max_tokens=24))
