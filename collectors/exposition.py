@@ -13,14 +13,15 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ParseError", "Parsed", "parse", "parse_labels", "looks_openmetrics"]
+__all__ = ["MAX_TIMESTAMP_MS", "MIN_TIMESTAMP_MS", "ParseError", "Parsed", "looks_openmetrics", "parse",
+           "parse_labels"]
 
 # Legacy metric names (colons allowed) and label names, as in the text format spec.
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# One well-formed label list: name="value" pairs, escapes inside values, an optional trailing comma.
-_LABEL_PAIR = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*'
-_LABEL_TEXT = re.compile(rf"(?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?\s*)?", re.DOTALL)
-_LABEL_ITER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)', re.DOTALL)
+# One label pair at a time, from the start of the list or after a comma. Each character has one
+# way to match (the value is runs of plain characters between escapes; no two quantifiers can share
+# a blank), so a failed match backtracks over one run at most: linear in a hostile line's length.
+_LABEL_ITER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*(?:,|$)', re.DOTALL)
 _ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _UNESCAPE = {"\\": "\\", "n": "\n", '"': '"'}
 
@@ -31,6 +32,10 @@ _valid_heads: dict[str, tuple[str, str]] = {}
 _HEAD_CACHE_MAX = 100_000  # about 20 MiB at most; a 0.32 server has ~1k series
 # Sample suffixes that belong to typed families (OpenMetrics counters, histograms, summaries).
 _CREATED = "_created"
+# Sane sample times, in ms: what a date can show (Python's datetime spans years 1 to 9999). Outside
+# them a timestamp is a unit mix-up or garbage, and 2^63 or 1e400 would not fit the store anyway.
+MIN_TIMESTAMP_MS = -62_135_596_800_000
+MAX_TIMESTAMP_MS = 253_402_300_799_999
 
 
 class ParseError(ValueError):
@@ -83,32 +88,48 @@ def parse_labels(text: str) -> dict[str, str]:
     labels: dict[str, str] = {}
     if not text or text.isspace():
         return labels
-    pos, end = 0, len(text)
-    while pos < end:
-        m = _LABEL_ITER.match(text, pos)
-        if m is None:
-            if text[pos:].strip() == "":
-                break
-            raise ValueError(f"malformed labels at character {pos}: {text!r}")
-        name, value = m.group(1), m.group(2)
-        if "\\" in value:
-            value = _unescape(value)
-        if name in labels:
-            raise ValueError(f"label {name!r} given twice: {text!r}")
-        labels[name] = value
-        pos = m.end()
+    problem = _scan_labels(text, labels)
+    if problem is not None:
+        raise ValueError(f"{problem}: {text!r}")
     return labels
+
+
+def _scan_labels(text: str, into: dict[str, str] | None = None) -> str | None:
+    """Why label text is malformed, or None; fills `into` with unescaped values. Linear time."""
+    seen: set[str] = set()
+    pos, end = 0, len(text)
+    match = _LABEL_ITER.match
+    while pos < end:
+        m = match(text, pos)
+        if m is None:
+            # After a trailing comma only blanks may follow; an empty list '{ }' is not a pair.
+            if pos > 0 and text[pos - 1] == "," and text[pos:].isspace():
+                return None
+            return f"malformed labels at character {pos}"
+        name = m.group(1)
+        if name in seen:
+            # Prometheus refuses the whole line; storing either value would be a guess.
+            return f"label {name!r} given twice"
+        seen.add(name)
+        if into is not None:
+            value = m.group(2)
+            into[name] = _unescape(value) if "\\" in value else value
+        pos = m.end()
+    return None
 
 
 def _label_end(line: str, start: int) -> int:
     """Index of the '}' closing the label list that starts at `start`, skipping quoted values."""
     pos = start
+    close = line.find("}", pos)
     while True:
-        close = line.find("}", pos)
-        quote = line.find('"', pos)
         if close == -1:
             return -1
-        if quote == -1 or close < quote:
+        if close < pos:  # that brace sat inside a quoted value: look again, from here on only
+            close = line.find("}", pos)
+            continue
+        quote = line.find('"', pos, close)
+        if quote == -1:
             return close
         pos = quote + 1
         while True:  # to the closing quote, past escaped ones
@@ -133,14 +154,19 @@ def _value(token: str) -> float:
 
 
 def _timestamp_ms(token: str, openmetrics: bool) -> int:
+    """Integer ms from a timestamp token; ValueError naming the problem if it is not a sane time."""
     if openmetrics:  # float seconds
-        seconds = _value(token)
-        if not math.isfinite(seconds):
-            raise ValueError(token)
-        return int(round(seconds * 1000))
-    if "." in token or "e" in token or "E" in token:
-        return int(_value(token))  # lenient: some exporters write ms as a float
-    return int(token)
+        ms = _value(token) * 1000
+    elif "." in token or "e" in token or "E" in token:
+        ms = _value(token)  # lenient: some exporters write ms as a float
+    elif "_" in token:  # int() takes '1_000'; the exposition formats do not
+        raise ValueError(token)
+    else:
+        ms = int(token)
+    # Compare before int(): int(inf) raises OverflowError, and 1e400 parses to inf.
+    if not MIN_TIMESTAMP_MS <= ms <= MAX_TIMESTAMP_MS:
+        raise ValueError("timestamp out of range (years 1 .. 9999 in ms; is it in the right unit?)")
+    return int(round(ms)) if openmetrics else int(ms)
 
 
 # One function on purpose: it is the scrape's hot loop, run once per line of every exposition, and
@@ -217,9 +243,13 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
             if _METRIC_NAME.fullmatch(name) is None:
                 _fail(out, strict, index, line, f"invalid metric name {name!r}")
                 continue
-            if label_text and check_labels and _LABEL_TEXT.fullmatch(label_text) is None:
-                _fail(out, strict, index, line, "malformed labels")
-                continue
+            if label_text.isspace():  # 'a{ } 1' is a series without labels, as for promtool
+                label_text = ""
+            if label_text and check_labels:
+                problem = _scan_labels(label_text)
+                if problem is not None:
+                    _fail(out, strict, index, line, problem)
+                    continue
             if name.endswith(_CREATED):
                 name = _CREATED
             if cacheable and check_labels:
@@ -287,8 +317,9 @@ def _slow_line(out: Parsed, strict: bool, index: int, line: str,
         return name, label_text, rest[0], None
     try:
         return name, label_text, rest[0], _timestamp_ms(rest[1], openmetrics)
-    except ValueError:
-        _fail(out, strict, index, line, "timestamp is not a number")
+    except ValueError as e:
+        reason = str(e) if str(e).startswith("timestamp") else "timestamp is not a number"
+        _fail(out, strict, index, line, reason)
         return None
 
 

@@ -21,13 +21,16 @@ _PROMETHEUS_DURATION_RE = re.compile(
     r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
 _PROMETHEUS_UNITS_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
 _UNIX_SECONDS_RE = re.compile(r"\d+(\.\d+)?")
+# beyond these a window or a time means a typo, and datetime cannot print it anyway
+MAX_CLI_DURATION_MS = 1000 * 365 * 86_400_000  # `--since 100000d` means "all of it"
+MAX_TIME_MS = 253_402_300_799_000  # 9999-12-31T23:59:59Z
 
 
 def parse_cli_duration_ms(text: str) -> int:
     """'1h30m' -> 5_400_000, '1.5h' -> 5_400_000; a bare number is seconds. ValueError names the accepted forms."""
     t = text.strip()
     if _UNIX_SECONDS_RE.fullmatch(t):
-        return int(float(t) * 1000)
+        return _bounded_duration(text, float(t) * 1000)
     pos, total = 0, 0.0
     for m in _CLI_DURATION_RE.finditer(t):
         if m.start() != pos:
@@ -36,7 +39,13 @@ def parse_cli_duration_ms(text: str) -> int:
         pos = m.end()
     if pos != len(t) or not t:
         raise ValueError(f"{text!r} is not a duration; use forms like 90s, 15m, 1h, 1h30m, 7d")
-    return int(total)
+    return _bounded_duration(text, total)
+
+
+def _bounded_duration(text: str, ms: float) -> int:
+    if ms > MAX_CLI_DURATION_MS:
+        raise ValueError(f"{text!r} is longer than 1000 years; use forms like 90s, 15m, 1h, 7d")
+    return int(ms)
 
 
 def parse_prometheus_duration_ms(text: str) -> int:
@@ -96,12 +105,13 @@ def parse_rfc3339_ms(text: str) -> int:
 def parse_time_ms(text: str) -> int:
     """RFC 3339 ('2026-11-29T10:00:00Z') or a Unix timestamp in seconds -> ms since the epoch."""
     t = text.strip()
-    if _UNIX_SECONDS_RE.fullmatch(t):
-        return int(float(t) * 1000)
     try:
-        return parse_rfc3339_ms(t)
-    except ValueError:
+        ms = float(t) * 1000 if _UNIX_SECONDS_RE.fullmatch(t) else parse_rfc3339_ms(t)
+    except (ValueError, OverflowError):
         raise ValueError(f"{text!r} is not a time; use RFC 3339 (2026-11-29T10:00:00Z) or Unix seconds") from None
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise ValueError(f"{text!r} is outside 1970..9999; use RFC 3339 (2026-11-29T10:00:00Z) or Unix seconds")
+    return int(ms)
 
 
 def iso_seconds(ms: int) -> str:

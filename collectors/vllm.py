@@ -20,7 +20,8 @@ from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch, CollectorStatus
 from vllm_sentinel.collectors.exposition import ParseError, looks_openmetrics, parse
 
-__all__ = ["ACCEPT", "Response", "ResponseTooLarge", "VllmCollector", "http_fetch", "normalize_target"]
+__all__ = ["ACCEPT", "Response", "ResponseTooLarge", "TruncatedBody", "VllmCollector", "http_fetch",
+           "normalize_target"]
 
 # Plain text first: OpenMetrics from prometheus_client 0.26 renames samples to vllm_... while its
 # # TYPE lines keep vllm:... (client_python#1177). Both are parsed if a proxy answers with either.
@@ -41,6 +42,10 @@ class Response:
 
 class ResponseTooLarge(Exception):
     """The body passed the size limit; reading stopped there."""
+
+
+class TruncatedBody(Exception):
+    """The connection closed before the whole body arrived (shorter than its Content-Length)."""
 
 
 Fetch = Callable[[str, float, int], Response]
@@ -108,6 +113,9 @@ def http_fetch(url: str, timeout_s: float, max_bytes: int) -> Response:
             if size > max_bytes:
                 raise ResponseTooLarge(f"more than {max_bytes} bytes")
             chunks.append(chunk)
+        # http.client ends a plain body quietly at EOF; a cut-off chunked body raises IncompleteRead.
+        if length is not None and length.isdigit() and size < int(length):
+            raise TruncatedBody(f"{size} of {length} bytes")
         return Response(resp.status, resp.getheader("Content-Type") or "", b"".join(chunks))
     finally:
         conn.close()
@@ -174,6 +182,10 @@ class VllmCollector:
         """Parse the body into the batch; returns (error or None, samples kept)."""
         text = response.body.decode("utf-8", errors="replace")
         openmetrics = looks_openmetrics(text, response.content_type)
+        if openmetrics and not looks_openmetrics(text):
+            # OpenMetrics ends with '# EOF' so a cut-off body shows (Prometheus fails it, too).
+            return (f"{self.url}: OpenMetrics body has no final '# EOF' line: cut off in transit; "
+                    "nothing of this scrape was kept (check a proxy's buffer and timeouts)"), 0
         # Lenient: one odd line (say, from a third-party KV connector) must not blind the sidecar
         # to every other metric; the status names the line so it can be reported upstream.
         parsed = parse(text, openmetrics=openmetrics, strict=False)
@@ -215,6 +227,11 @@ class VllmCollector:
         if isinstance(exc, ResponseTooLarge):
             return (f"{url}: response larger than the limit of {self.max_bytes} bytes ({exc}); "
                     "raise --scrape-max-bytes if this is really vLLM")
+        if isinstance(exc, (TruncatedBody, http.client.IncompleteRead)):
+            got = exc if isinstance(exc, TruncatedBody) else f"{len(exc.partial)} bytes into a chunk"
+            return (f"{url}: body cut off after {got} (the server or a proxy closed the connection "
+                    "early); nothing of this scrape was kept: check the proxy's buffer and timeouts, "
+                    "or the vLLM server's log for a crash")
         if isinstance(exc, ConnectionRefusedError):
             return f"{url}: connection refused: is vLLM running and listening on that port?"
         if isinstance(exc, (TimeoutError, socket.timeout)):

@@ -99,15 +99,39 @@ def _dt(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
-def draw_chart(data: dict, path: str | Path) -> Path:
-    """Draw `data` (from chart_data) as a PNG at `path`; returns the path."""
-    # matplotlib is the charts extra and slow to import: loaded when a chart is drawn, not with the CLI
-    import matplotlib
-    matplotlib.use("Agg")  # no display on a server; must precede pyplot
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+CHARTS_MISSING = "charts: matplotlib is not installed; `pip install 'vllm-sentinel[charts]'` to get them"
 
+
+class ChartsUnavailable(RuntimeError):
+    """matplotlib (the `charts` extra) cannot be imported: reports go out without charts."""
+
+
+def _matplotlib() -> tuple:
+    """(matplotlib.dates, pyplot, FuncFormatter), or ChartsUnavailable naming the install line."""
+    try:
+        # matplotlib is the charts extra and slow to import: loaded when a chart is drawn, not with the CLI
+        import matplotlib
+        matplotlib.use("Agg")  # no display on a server; must precede pyplot
+        import matplotlib.dates as mdates
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
+    except ImportError as e:
+        raise ChartsUnavailable(f"{CHARTS_MISSING} ({e})") from None
+    return mdates, plt, FuncFormatter
+
+
+def charts_available() -> bool:
+    """True when matplotlib imports, so draw_chart can draw."""
+    try:
+        _matplotlib()
+    except ChartsUnavailable:
+        return False
+    return True
+
+
+def draw_chart(data: dict, path: str | Path) -> Path:
+    """Draw `data` (from chart_data) as a PNG at `path`; returns the path (ChartsUnavailable without matplotlib)."""
+    mdates, plt, FuncFormatter = _matplotlib()  # noqa: N806 (the class, under its own name)
     path = Path(path)
     values = [v for line in data["lines"] for _, v in line["points"] if v is not None]
     peak = max((abs(v) for v in values), default=None)

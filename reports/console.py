@@ -7,6 +7,7 @@ where, when, the sentence to act on, the first fix), then health per instance as
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -92,7 +93,7 @@ def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:
     t = Table(title="health over the window", title_justify="left")
     t.add_column("signal")
     for s in summary:
-        t.add_column(s["instance"], justify="right")
+        t.add_column(escape(s["instance"]), justify="right")  # scraped text: never rich markup
     for key, label, pattern in SUMMARY_ROWS:
         values = [s["signals"].get(key) for s in summary]
         if key == "scrapes_ok":
@@ -107,31 +108,43 @@ def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:
     for s in summary:
         trends = s.get("trends") or {}
         if any(v is not None for vs in trends.values() for v in vs):
-            t = Table(title=f"{s['instance']} over the window", title_justify="left")
+            t = Table(title=f"{escape(s['instance'])} over the window", title_justify="left")
             t.add_column("signal")
             t.add_column("trend", no_wrap=True)
             t.add_column("peak", justify="right")
             for key, values in trends.items():
                 present = [v for v in values if v is not None]
                 if present:
-                    t.add_row(key, sparkline(values), f"{max(present):.3g}")
+                    t.add_row(escape(key), sparkline(values), f"{max(present):.3g}")
             console.print(t)
         if s.get("last_error"):
             console.print(Text(f"{s['instance']}: last scrape error: {s['last_error']}", style="yellow"))
 
 
 def render_status(console: Console, doc: dict) -> None:
-    """One line per collector: ok or failing, and why."""
-    console.print(f"daemon on {doc['db']} every {doc['interval_s']:g}s (queue {doc['queue']})", highlight=False)
+    """One line per collector: ok, degraded (scraped but not all stored) or failing, and why."""
+    console.print(Text(f"daemon on {doc['db']} every {doc['interval_s']:g}s (queue {doc['queue']})"))
+    store = doc.get("store") or {}
+    if not store.get("ok", True):
+        console.print(Text(f"store failing: {store.get('error')} ({store.get('held_batches', 0)} batches held "
+                           "in memory)", style="bold red"))
+    if store.get("lost_batches"):
+        console.print(Text(f"store: {store['lost_batches']} batches dropped while it could not write",
+                           style="yellow"))
     t = Table()
     for col in ("collector", "state", "error / detail"):
         t.add_column(col, overflow="fold")
     for c in doc["collectors"]:
-        state = "[green]ok[/]" if c["ok"] else "[red]failing[/]"
-        t.add_row(c["name"], state, c.get("error") or ", ".join(f"{k}={v}" for k, v in (c.get("detail") or {}).items()))
+        state = c.get("state") or ("ok" if c["ok"] else "failing")
+        state = {"ok": "[green]ok[/]", "degraded": "[yellow]degraded[/]"}.get(state, "[red]failing[/]")
+        detail = c.get("error") or ", ".join(f"{k}={v}" for k, v in (c.get("detail") or {}).items())
+        t.add_row(Text(c["name"]), state, Text(detail))  # errors quote scraped text: never rich markup
     console.print(t)
+    if doc.get("cpu"):  # the daemon's CPU budget: use, stretch, deferred work
+        over = doc["cpu"].get("used", 0) > doc["cpu"].get("budget", 1)
+        console.print(Text(doc["cpu"]["summary"], style="yellow" if over else ""))
     for path in doc.get("reports") or []:
-        console.print(f"report: {path}", highlight=False)
+        console.print(Text(f"report: {path}"))
     for name, line in (doc.get("captures") or {}).items():
         console.print(Text(f"last capture of {name}: {line}"))
     for url, sent in (doc.get("alertmanager") or {}).items():

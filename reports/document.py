@@ -7,17 +7,19 @@ from typing import Any
 from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.assemble import assemble_incident
 from vllm_sentinel.reports.markdown import render_markdown
+from vllm_sentinel.reports.mdescape import escape_md
 
 
 def diagnose_markdown(store: Any, doc: dict, rules: list | None = None) -> str:
     """The full Markdown of a diagnose document: the window's health, then one report per incident."""
     w = doc["window"]
-    lines = [f"# vllm-sentinel diagnosis, {w['start']} .. {w['end']}", "",
-             f"Source: `{doc['source']}`. Instances: {', '.join(doc['instances'])}. "
-             f"Incidents: {len(doc['incidents'])}.", ""]
+    # instances and signal names come from scraped data: escaped like every value in a report
+    lines = [f"# vllm-sentinel diagnosis, {escape_md(w['start'])} .. {escape_md(w['end'])}", "",
+             f"Source: {escape_md(doc['source'], code=True)}. "
+             f"Instances: {', '.join(escape_md(i) for i in doc['instances'])}. Incidents: {len(doc['incidents'])}.", ""]
     for s in doc.get("summary", []):
-        lines += [f"## Health of {s['instance']}", "", "| signal | value |", "|---|---|"]
-        lines += [f"| {k} | {'-' if v is None else f'{v:.4g}'} |" for k, v in s["signals"].items()]
+        lines += [f"## Health of {escape_md(s['instance'])}", "", "| signal | value |", "|---|---|"]
+        lines += [f"| {escape_md(k)} | {'-' if v is None else f'{v:.4g}'} |" for k, v in s["signals"].items()]
         lines.append("")
     end_ms = parse_rfc3339_ms(w["end"])
     for inc in doc["incidents"]:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.charts import chart_filename
+from vllm_sentinel.reports.mdescape import escape_md, escape_md_with_code, fenced
 from vllm_sentinel.reports.sparkline import time_sparkline
 
 Point = tuple[int, float | None]
@@ -152,8 +153,12 @@ def _num(v: float) -> str:
 
 
 def _cell(text: object) -> str:
-    # a pipe or newline inside a table cell breaks the table
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    # every value from data is escaped, in a table cell or not: a pipe, a newline or HTML breaks the report
+    return escape_md(text)
+
+
+def _code(text: object) -> str:
+    return escape_md(text, code=True)
 
 
 def _values_in(series: Sequence[LabeledSeries], lo: int, hi: int | None) -> list[Point]:
@@ -192,12 +197,14 @@ def _title(data: ReportData) -> list[str]:
     inc = data.incident
     sev = inc.get("severity") or "severity unknown"
     state = "still firing" if inc.get("state") == "firing" else "resolved"
-    lines = [f"# {inc.get('incident', 'incident')} on {inc.get('instance', '?')} ({sev}, {state})", ""]
-    lines += [f"**Verdict:** {inc.get('summary', '').strip() or 'no summary was recorded for this incident.'}", ""]
-    meta = [f"incident `{inc.get('id', '?')}`", f"rule `{inc.get('rule', '?')}`"]
+    lines = [f"# {_cell(inc.get('incident', 'incident'))} on {_cell(inc.get('instance', '?'))} "
+             f"({_cell(sev)}, {state})", ""]
+    summary = str(inc.get("summary") or "").strip()
+    lines += [f"**Verdict:** {_cell(summary) if summary else 'no summary was recorded for this incident.'}", ""]
+    meta = [f"incident {_code(inc.get('id', '?'))}", f"rule {_code(inc.get('rule', '?'))}"]
     labels = inc.get("labels") or {}
     if labels:
-        meta.append("labels " + ", ".join(f"`{k}={v}`" for k, v in sorted(labels.items())))
+        meta.append("labels " + ", ".join(_code(f"{k}={v}") for k, v in sorted(labels.items())))
     lines += ["; ".join(meta), ""]
     return lines
 
@@ -208,7 +215,7 @@ def _timeline(data: ReportData) -> list[str]:
     peak = peak_of(data)
     if peak:
         signal, t, v, unit = peak
-        rows.append(("peak", f"{utc(t)}: `{signal}` = {format_with_unit(v, unit)}"))
+        rows.append(("peak", f"{utc(t)}: {_code(signal)} = {_cell(format_with_unit(v, unit))}"))
     if end is not None:
         rows.append(("resolved", utc(end)))
         rows.append(("duration", duration(end - start)))
@@ -216,7 +223,7 @@ def _timeline(data: ReportData) -> list[str]:
         rows.append(("resolved", f"not yet (still firing when this report was written, {utc(data.generated_ms)})"))
         rows.append(("duration", f"{duration(data.generated_ms - start)} so far"))
     out = ["## Timeline", "", "| event | when |", "|---|---|"]
-    out += [f"| {k} | {_cell(v)} |" for k, v in rows]
+    out += [f"| {k} | {v} |" for k, v in rows]  # each value escaped where it was made
     return out + [""]
 
 
@@ -231,16 +238,15 @@ def _evidence(data: ReportData) -> list[str]:
         series = data.evidence_series.get(ev["signal"], [])
         threshold = ev.get("threshold")
         spark = evidence_sparkline(series, data.window_ms, threshold)
-        out.append(f"| `{_cell(ev['signal'])}` | {format_with_unit(ev.get('value'), unit)} | "
-                   f"{'-' if threshold is None else format_with_unit(threshold, unit)} | {unit or '-'} | "
-                   f"{('`' + spark + '`') if spark.strip() else 'no samples'} |")
+        out.append(f"| {_code(ev['signal'])} | {_cell(format_with_unit(ev.get('value'), unit))} | "
+                   f"{'-' if threshold is None else _cell(format_with_unit(threshold, unit))} | "
+                   f"{_cell(unit) if unit else '-'} | {('`' + spark + '`') if spark.strip() else 'no samples'} |")
     out.append("")
     exprs = [(ev["signal"], data.evidence_exprs[ev["signal"]]) for ev in evidence if ev["signal"] in data.evidence_exprs]
     if exprs:
-        out += ["<details><summary>PromQL behind each signal</summary>", "", "```promql"]
-        for signal, expr in exprs:
-            out += [f"# {signal}", " ".join(expr.split())]
-        out += ["```", "", "</details>", ""]
+        body = [line for signal, expr in exprs for line in (f"# {signal}", " ".join(str(expr).split()))]
+        out += ["<details><summary>PromQL behind each signal</summary>", "", *fenced(body, "promql"),
+                "", "</details>", ""]
     return out
 
 
@@ -263,12 +269,14 @@ def evidence_sparkline(series: Sequence[LabeledSeries], window: tuple[int, int],
 def _charts(data: ReportData) -> list[str]:
     out = ["## Charts", ""]
     if not data.charts:
+        if any(m.startswith("charts:") for m in data.missing):  # the charts extra is not installed
+            return out + ["No chart: matplotlib is not installed (see what was not checked below).", ""]
         return out + ["No chart: no evidence signal had samples around the incident.", ""]
     out.append(f"From {utc(data.window_ms[0])} to {utc(data.window_ms[1])}; the shaded band is the incident, "
                "the dashed line its threshold.")
     out.append("")
     for signal in data.charts:
-        out += [f"![{signal}]({chart_filename(signal)})", ""]
+        out += [f"![{_cell(signal)}]({chart_filename(signal)})", ""]
     return out
 
 
@@ -279,21 +287,21 @@ def _config(data: ReportData) -> list[str]:
         return out + ["No configuration snapshot was recorded, so the fixes below could not read the live values.",
                       ""]
     when = f"Snapshot of {utc(cfg.ts_ms)}" if cfg.ts_ms is not None else "Snapshot time unknown"
-    out += [f"{when}, from {cfg.source}." + (f" Model `{cfg.model}`." if cfg.model else ""), ""]
+    out += [f"{when}, from {_cell(cfg.source)}." + (f" Model {_code(cfg.model)}." if cfg.model else ""), ""]
     if cfg.flags or cfg.extra:
         out += ["| setting | value | origin |", "|---|---|---|"]
         for flag, value in sorted(cfg.flags.items()):
             origin = cfg.origins.get(flag) or ("vLLM default" if flag in cfg.defaulted else "command line")
-            out.append(f"| `{_cell(flag)}` | {_cell(value)} | {_cell(origin)} |")
+            out.append(f"| {_code(flag)} | {_cell(value)} | {_cell(origin)} |")
         for key, value in sorted(cfg.extra.items()):
             out.append(f"| {_cell(key)} | {_cell(value)} | {_cell(cfg.origins.get(key, 'measured'))} |")
         out.append("")
     if cfg.unknown:
         by_reason: dict[str, list[str]] = {}
         for name, why in sorted(cfg.unknown.items()):
-            by_reason.setdefault(why, []).append(f"`{name}`")
+            by_reason.setdefault(why, []).append(_code(name))
         out += ["Not known at the time (fixes that need these say so):", ""]
-        out += [f"- {', '.join(names)}: {why}" for why, names in sorted(by_reason.items(), key=lambda kv: kv[1])]
+        out += [f"- {', '.join(names)}: {_cell(why)}" for why, names in sorted(by_reason.items(), key=lambda kv: kv[1])]
         out.append("")
     return out
 
@@ -335,14 +343,15 @@ def _fixes(data: ReportData) -> list[str]:
         return out + ["The rule suggests no parameter change for this incident.", ""]
     for i, fix in enumerate(fixes, 1):
         current = fix.get("current")
-        head = f"{i}. **`{fix['param']}` {current if current is not None else '(not set)'} → {fix.get('suggested', '?')}**"
+        head = (f"{i}. **{_code(fix['param'])} {_cell(current) if current is not None else '(not set)'} → "
+                f"{_cell(fix.get('suggested', '?'))}**")
         out.append(head)
         if fix.get("why"):
-            out += ["", f"   {' '.join(str(fix['why']).split())}"]
+            out += ["", f"   {_cell(' '.join(str(fix['why']).split()))}"]
         arithmetic = fix.get("arithmetic")
         if arithmetic:
             lines = arithmetic if isinstance(arithmetic, list) else str(arithmetic).splitlines()
-            out += ["", "   ```text", *[f"   {ln}" for ln in lines], "   ```"]
+            out += ["", *[f"   {ln}" for ln in fenced([str(ln) for ln in lines], "text")]]
         out.append("")
     cfg = data.config
     model = (cfg.model if cfg and cfg.model else None) or (data.incident.get("labels") or {}).get("model_name") or "MODEL"
@@ -361,10 +370,8 @@ def _fixes(data: ReportData) -> list[str]:
         after[param] = str(suggested)
     if not touched:
         return out + ["No fix names a concrete value, so there is no command line to change.", ""]
-    out += ["Before and after:", "", "```diff",
-            f"- {serve_command(model, before, defaulted, touched)}",
-            f"+ {serve_command(model, after, defaulted, touched)}",
-            "```", ""]
+    out += ["Before and after:", "", *fenced([f"- {serve_command(model, before, defaulted, touched)}",
+                                              f"+ {serve_command(model, after, defaulted, touched)}"], "diff"), ""]
     if cfg is None:
         out += ["(No configuration snapshot: the line shows only the flags the fix changes.)", ""]
     return out
@@ -387,28 +394,28 @@ def _trace_lines(data: ReportData) -> list[str]:
             n = len(t.get("files") or [])
             files = f" ({n} file{'' if n == 1 else 's'})" if n else ""
             out.append(f"- {what} at {when}, {(t.get('duration_ms') or 0) / 1000:.1f} s: trace in "
-                       f"`{_cell(t.get('artifact') or 'the server-side directory')}`{files}.")
+                       f"{_code(t.get('artifact') or 'the server-side directory')}{files}.")
         else:
-            out.append(f"- {what} at {when}: not taken ({t['status']}): {t.get('error') or 'no detail'}")
+            out.append(f"- {what} at {when}: not taken ({_cell(t['status'])}): {_cell(t.get('error') or 'no detail')}")
     return ["### vLLM profiler", "", *out, ""] if out else []
 
 
 def _stack_lines(data: ReportData) -> list[str]:
     out: list[str] = []
     for p in data.stacks:
-        head = f"### {p.role} (pid {p.pid}), py-spy {p.kind} at {utc(p.ts_ms, with_date=False)}"
+        head = f"### {_cell(p.role)} (pid {int(p.pid)}), py-spy {_cell(p.kind)} at {utc(p.ts_ms, with_date=False)}"
         if p.status not in ("ok", "truncated"):
-            out += [head, "", f"Capture failed ({p.status}): {p.error or 'no detail'}", ""]
+            out += [head, "", f"Capture failed ({_cell(p.status)}): {_cell(p.error or 'no detail')}", ""]
             continue
-        out += [head, "", f"{p.samples} samples" + (" (output truncated: a prefix was kept)"
+        out += [head, "", f"{int(p.samples)} samples" + (" (output truncated: a prefix was kept)"
                                                     if p.status == "truncated" else "") + ".", ""]
         if p.class_shares:
             shares = sorted(p.class_shares.items(), key=lambda kv: (-kv[1], kv[0]))
-            out.append("Where the time went: " + ", ".join(f"{name} {share:.0%}" for name, share in shares) + ".")
+            out.append("Where the time went: " + ", ".join(f"{_cell(name)} {share:.0%}" for name, share in shares) + ".")
             out.append("")
         if p.top_frames:
             out += ["| share | class | frame |", "|---:|---|---|"]
-            out += [f"| {share:.0%} | {_cell(cls)} | `{_cell(frame)}` |" for frame, share, cls in p.top_frames]
+            out += [f"| {share:.0%} | {_cell(cls)} | {_code(frame)} |" for frame, share, cls in p.top_frames]
             out.append("")
     return out
 
@@ -420,7 +427,7 @@ def _related(data: ReportData) -> list[str]:
     out += ["| incident | severity | instance | started | ended | summary |", "|---|---|---|---|---|---|"]
     for r in data.related:
         ended = utc(parse_rfc3339_ms(r["end"]), with_date=False) if r.get("end") else "still firing"
-        out.append(f"| `{_cell(r.get('incident', '?'))}` (`{_cell(r.get('id', '?'))}`) | {_cell(r.get('severity', ''))} | "
+        out.append(f"| {_code(r.get('incident', '?'))} ({_code(r.get('id', '?'))}) | {_cell(r.get('severity', ''))} | "
                    f"{_cell(r.get('instance', ''))} | {utc(parse_rfc3339_ms(r['start']), with_date=False)} | {ended} | "
                    f"{_cell(r.get('summary', ''))} |")
     return out + [""]
@@ -430,7 +437,7 @@ def _missing(data: ReportData) -> list[str]:
     out = ["## What was not checked", ""]
     if not data.missing:
         return out + ["Nothing: metrics, GPU counters, stacks and configuration were all available.", ""]
-    return out + [f"- {m}" for m in data.missing] + [""]
+    return out + [f"- {escape_md_with_code(m)}" for m in data.missing] + [""]
 
 
 def render_markdown(data: ReportData) -> str:
@@ -439,5 +446,5 @@ def render_markdown(data: ReportData) -> str:
     for section in (_title, _timeline, _evidence, _charts, _config, _fixes, _stacks, _related, _missing):
         lines += section(data)
     lines += ["---", "", f"_Written by vllm-sentinel at {utc(data.generated_ms)}"
-              + (f" from {data.source}" if data.source else "") + "._", ""]
+              + (f" from {_cell(data.source)}" if data.source else "") + "._", ""]
     return "\n".join(lines)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllm_sentinel.reports.assemble import assemble
-from vllm_sentinel.reports.charts import chart_data, chart_filename, draw_chart
+from vllm_sentinel.reports.charts import CHARTS_MISSING, chart_data, chart_filename, charts_available, draw_chart
 from vllm_sentinel.reports.markdown import ReportData, incident_span, render_markdown
 
 REPORT_NAME = "report.md"
@@ -15,11 +15,12 @@ REPORT_NAME = "report.md"
 
 @dataclass
 class WrittenReport:
-    """Where a report went: its folder, the Markdown file, and the chart PNGs."""
+    """Where a report went: its folder, the Markdown file, the chart PNGs, and what it lacks (no charts)."""
 
     directory: Path
     markdown: Path
     charts: list[Path]
+    missing: list[str] = field(default_factory=list)  # e.g. CHARTS_MISSING: the caller says it once
 
 
 def plan_charts(data: ReportData) -> list[dict]:
@@ -36,8 +37,13 @@ def plan_charts(data: ReportData) -> list[dict]:
     return out
 
 
-def prepare(data: ReportData) -> tuple[str, list[dict]]:
-    """The report's Markdown and its charts' data, without touching the disk (what golden tests check)."""
+def prepare(data: ReportData, with_charts: bool = True) -> tuple[str, list[dict]]:
+    """The report's Markdown and its charts' data, without touching the disk (what golden tests check).
+
+    Without charts (matplotlib missing) the Markdown links none and says why under "What was not checked".
+    """
+    if not with_charts:
+        return render_markdown(replace(data, charts=[], missing=[*data.missing, CHARTS_MISSING])), []
     charts = plan_charts(data)
     text = render_markdown(replace(data, charts=[c["signal"] for c in charts]))
     return text, charts
@@ -55,14 +61,16 @@ def write_report(data: ReportData, out_dir: str | Path) -> WrittenReport:
     """Write report.md and one PNG per charted signal into out_dir/<incident id>/; returns the paths."""
     directory = Path(out_dir) / report_dir_name(data.incident["id"])
     directory.mkdir(parents=True, exist_ok=True)
-    text, charts = prepare(data)
+    with_charts = charts_available()  # the charts extra is optional: the report itself never is
+    text, charts = prepare(data, with_charts)
     pngs = [draw_chart(c, directory / chart_filename(c["signal"])) for c in charts]
     md = directory / REPORT_NAME
     # write to a temp name first: a reader (a browser, the sidecar's API) never sees half a report
     tmp = md.with_suffix(".md.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(md)
-    return WrittenReport(directory=directory, markdown=md, charts=pngs)
+    return WrittenReport(directory=directory, markdown=md, charts=pngs,
+                         missing=[] if with_charts else [CHARTS_MISSING])
 
 
 def report_for_incident(store: object, incident_id: str, out_dir: str | Path, *, now_ms: int,

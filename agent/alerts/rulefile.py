@@ -61,8 +61,8 @@ def load_rule_file(path: str | Path, params: ParamValues | None = None) -> RuleF
     p = Path(path)
     try:
         text = p.read_text()
-    except OSError as e:
-        raise RuleFileError([f"{p}: cannot read rule file: {e.strerror or e}"]) from None
+    except (OSError, UnicodeDecodeError) as e:  # a binary file is as unreadable as a missing one
+        raise RuleFileError([f"{p}: cannot read rule file: {getattr(e, 'strerror', None) or e}"]) from None
     return parse_rule_text(text, str(p), params)
 
 

@@ -114,8 +114,8 @@ def load_params_file(path: str | Path) -> ParamOverrides:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise RuleFileError([f"{p}: cannot read parameter file: {e.strerror or e}"]) from None
+    except (OSError, UnicodeDecodeError) as e:  # a binary file is as unreadable as a missing one
+        raise RuleFileError([f"{p}: cannot read parameter file: {getattr(e, 'strerror', None) or e}"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)

@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from vllm_sentinel.agent.cli.common import DbOption, db_path, duration_s, err, fail, out, print_json
+from vllm_sentinel.agent.cli.common import (DbOption, Exit, check_format, db_path, duration_s, err, fail, out,
+                                            print_json)
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.captures import capture_and_store
@@ -24,6 +25,10 @@ def capture(target: str = typer.Option(..., "--target", "-t", help="the vLLM ser
             db: Optional[Path] = DbOption,
             fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Stacks of the vLLM processes now (py-spy --nonblocking: the server is never paused)."""
+    check_format(fmt, ("table", "json"))
+    if record is not None and not 0 < record <= 3600:
+        raise fail(f"--record {record}: give the seconds to sample, from 1 to 3600 (or leave it out for one dump)",
+                   Exit.USAGE)
     kind, seconds = ("record", record) if record else ("dump", 3)
     profiler_s = duration_s(vllm_profiler, "--vllm-profiler") if vllm_profiler else None
     path = db_path(db)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vllm_sentinel.agent.daemon.paths import default_db_path
 from vllm_sentinel.collectors.timefmt import parse_cli_duration_ms, parse_time_ms
@@ -30,7 +31,8 @@ class Exit:
 
 def fail(message: str, code: int = Exit.PROBLEM) -> typer.Exit:
     """Print one clear line to stderr and return the exit to raise."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # the message quotes the operator's input and file contents: shown as text, never as rich markup
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 

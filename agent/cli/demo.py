@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vllm_sentinel.agent.cli.common import err, fail, out
+from vllm_sentinel.agent.cli.common import Exit, err, fail, out
 from vllm_sentinel.agent.demo.live import DemoError, run_demo, run_replay_demo
 from vllm_sentinel.reports.console import render_diagnosis
 
@@ -23,6 +23,10 @@ def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server
          seconds: Optional[int] = typer.Option(None, help="hold each incident this long (default: long enough for the rules' `for`)"),
          workdir: Optional[Path] = typer.Option(None, help="where databases, logs and reports go (default: ./vllm-sentinel-demo)")) -> None:
     """The embedded default: a real vLLM CPU server, traffic that causes incidents, the sidecar, a diagnosis."""
+    if seconds is not None and seconds <= 0:
+        raise fail(f"--seconds {seconds}: give how long to hold each incident, a positive number of seconds", Exit.USAGE)
+    if workdir is not None and workdir.exists() and not workdir.is_dir():
+        raise fail(f"--workdir {workdir} is a file; give a directory (it is created when missing)", Exit.USAGE)
     try:
         doc = run_replay_demo(workdir, _say) if replay else run_demo(seconds, workdir, _say)
     except DemoError as e:

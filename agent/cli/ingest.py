@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -34,7 +36,19 @@ def ingest(file: Path = typer.Argument(..., help="Prometheus text or OpenMetrics
                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
     except (IngestError, StoreError) as e:
         raise fail(str(e)) from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # EOFError: a .gz cut short (click would say "Aborted.")
+        why = "truncated (it ends before the gzip stream does)" if isinstance(e, EOFError) else f"not valid gzip ({e})"
+        raise fail(f"{file} is {why}; copy the dump again, or gunzip it and ingest the text") from None
+    except IsADirectoryError:
+        raise fail(f"{file} is a directory; pass one dump file (ingest each file of the folder in turn)") from None
+    except UnicodeDecodeError as e:
+        raise fail(f"{file} is not text (byte {e.start}: {e.reason}); pass a Prometheus text or OpenMetrics dump, "
+                   "plain or .gz") from None
+    except OSError as e:
+        raise fail(f"cannot read {file}: {e.strerror or e}; check the path and its permissions") from None
     span = (f"{iso_seconds(result.first_ms)} .. {iso_seconds(result.last_ms)}" if result.first_ms is not None
             else "no samples")
     out.print(f"stored {result.samples} samples for {', '.join(result.instances) or '-'} ({span}) in {path}",
               highlight=False)
+    if result.skipped:  # stored, but not all of it: say so and exit non-zero
+        raise fail(result.skipped_message() or "")

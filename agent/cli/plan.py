@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,6 +30,8 @@ def read_model_config(model: Path) -> tuple[dict[str, Any], Path]:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path} is not readable JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be a model config; pass the model's config.json") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path} is not a JSON object")
     return cfg, path
@@ -64,6 +67,9 @@ def plan(model: Path = typer.Option(..., "--model", help="model directory or its
                         ("--tensor-parallel-size", tensor_parallel_size)):
         if value is not None and value <= 0:
             raise fail(f"{name} {value}: must be positive", Exit.USAGE)
+    for name, gib in (("--kv-cache-gib", kv_cache_gib), ("--gpu-mem-gib", gpu_mem_gib), ("--non-kv-gib", non_kv_gib)):
+        if gib is not None and not (math.isfinite(gib) and 0 <= gib <= 2**20 and (gib > 0 or name == "--non-kv-gib")):
+            raise fail(f"{name} {gib}: give a size in GiB, a positive number such as 80", Exit.USAGE)
     if kv_cache_dtype != "auto" and kv_cache_dtype not in kvmath.DTYPE_BYTES:
         raise fail(f"--kv-cache-dtype {kv_cache_dtype!r}: unknown; use auto or one of "
                     f"{', '.join(sorted(kvmath.DTYPE_BYTES))}", Exit.USAGE)

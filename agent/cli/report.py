@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files
 from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
@@ -44,7 +45,7 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
     now_ms = int(time.time() * 1000)
 
     def from_file(store: Store) -> tuple[WrittenReport, ReportData]:
-        with err.status(f"reading incident {incident_id} and its evidence from {path}"):
+        with err.status(escape(f"reading incident {incident_id} and its evidence from {path}")):
             data = assemble(store, incident_id, now_ms=now_ms, rules=rule_files, source=f"duckdb:{path}")
         with err.status("drawing charts"):
             return write_report(data, out_dir), data
@@ -61,11 +62,13 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
             raise fail(answer.daemon["not_found"])
         for line in [answer.daemon["markdown"], *answer.daemon["charts"]]:
             typer.echo(line)
+        for line in answer.daemon.get("missing", []):
+            err.print(f"[yellow]not checked:[/] {escape(line)}", highlight=False)
         return
     written, data = answer.file
     # plain lines, never wrapped: scripts read these paths
     typer.echo(str(written.markdown))
     for png in written.charts:
         typer.echo(str(png))
-    for line in data.missing:
-        err.print(f"[yellow]not checked:[/] {line}", highlight=False)
+    for line in [*data.missing, *written.missing]:
+        err.print(f"[yellow]not checked:[/] {escape(line)}", highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -38,7 +39,7 @@ def _load(paths: Optional[list[Path]], params: Optional[Path] = None) -> list[Ru
         return load_rule_files(_rule_paths(paths), load_params_file(params) if params else None)
     except RuleFileError as e:
         for p in e.problems:
-            err.print(p, highlight=False, markup=False)
+            err.print(p, highlight=False, markup=False, soft_wrap=True)  # one problem, one line (grep, CI logs)
         raise typer.Exit(1) from None
 
 
@@ -51,6 +52,7 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
     if not paths:
         err.print("no test files given and none shipped in rules/tests/", highlight=False)
         raise typer.Exit(1)
+    _check_test_inputs(paths, run)
     code, outcomes = run_tests(paths, run)
     for stream, line in promtool_lines(outcomes):
         (sys.stdout if stream == "out" else sys.stderr).write(line + "\n")
@@ -59,6 +61,24 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.write_text(junit_xml(outcomes))
     raise typer.Exit(code)
+
+
+def _check_test_inputs(paths: list[Path], run: Optional[list[str]]) -> None:
+    """Refuse an unreadable test file or a --run that is not a regex: one line each, exit 2."""
+    for pattern in run or []:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            err.print(f"error: --run {pattern!r} is not a regular expression ({e}); e.g. --run 'kv_.*'",
+                      highlight=False, markup=False)
+            raise typer.Exit(2) from None
+    for p in paths:
+        try:
+            p.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            err.print(f"error: cannot read test file {p}: {getattr(e, 'strerror', None) or e}; pass a promtool-format "
+                      "test file (YAML)", highlight=False, markup=False, soft_wrap=True)
+            raise typer.Exit(2) from None
 
 
 @app.command("check")
@@ -107,7 +127,11 @@ def export(out_dir: Path = typer.Option(..., "--out", help="directory for the pl
             load_rule_files(rule_paths, overrides)  # unknown names fail naming the --params file
         result = export_rules(rule_paths, tests, out_dir, overrides.values if overrides else None)
     except (RuleFileError, ExportError) as e:
-        err.print(str(e), highlight=False, markup=False)
+        err.print(str(e), highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except OSError as e:
+        err.print(f"error: cannot write to --out {out_dir}: {e.strerror or e}; pick a writable directory",
+                  highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from None
     for p in result.rule_files + result.test_files:
         out.print(f"wrote {p}", highlight=False)

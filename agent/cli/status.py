@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from vllm_sentinel.agent.cli.common import DbOption, db_path, fail, out, print_json
+from vllm_sentinel.agent.cli.common import DbOption, check_format, db_path, fail, out, print_json
 from vllm_sentinel.agent.cli.source import ask_daemon
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.daemon.paths import socket_path_for
@@ -19,6 +19,7 @@ app = typer.Typer(add_completion=False)
 @app.command()
 def status(db: Optional[Path] = DbOption, fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """The daemon's targets and collectors, and their health (enabled, failing, why)."""
+    check_format(fmt, ("table", "json"))
     path = db_path(db)
     try:
         doc = ask_daemon(path, "/v1/status")  # only the daemon knows its collectors: no file to fall back on

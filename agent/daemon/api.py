@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from vllm_sentinel.agent.daemon.client import ApiError, answers
+from vllm_sentinel.agent.daemon.paths import UnsafeSocketPath, prepare_socket_dir
 
 Handler = Callable[[dict[str, str]], dict]
 
@@ -36,7 +37,10 @@ class ApiServer:
     def start(self) -> None:
         """Bind the socket (replacing a stale one, refusing a live one) and serve in a thread."""
         path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # a folder another user can write lets them swap the socket for their own
+            prepare_socket_dir(path)
+        except UnsafeSocketPath as e:
+            raise ApiError(f"not starting the API: {e}") from None
         if path.exists():
             if answers(path):
                 raise ApiError(f"another vllm-sentinel daemon already serves {path}; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 from vllm_sentinel.agent.store.db import Store
@@ -15,17 +16,27 @@ log = logging.getLogger("vllm_sentinel.reports")
 class AutoReporter:
     """Hands report writing to one background thread so ingest never waits for matplotlib."""
 
-    def __init__(self, out_dir: Path, rules: list | None = None, max_pending: int = 32):
+    def __init__(self, out_dir: Path, rules: list | None = None, max_pending: int = 32,
+                 gate: Callable[[str, bool], bool] | None = None):
         self.out_dir = Path(out_dir)
         self.rules = rules
         self.max_pending = max_pending  # bounded: an incident storm must not queue unbounded work
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reports")
         self._pending = 0
         self.written: list[str] = []  # newest last, for `status`
+        # gate(work, retry): False while the daemon is over its CPU budget; refused reports wait here
+        # (bounded by max_pending) and are written at a later evaluation
+        self.gate = gate
+        self.deferred: list[str] = []
+        self.said: set[str] = set()  # what a report lacked (no charts), logged once per daemon, not per report
 
     def after_evaluation(self, store: Store, result: dict, now_ms: int) -> None:
-        """Queue a report for every incident that opened or resolved in this evaluation."""
-        for incident_id in list(result.get("opened", [])) + list(result.get("resolved", [])):
+        """Queue a report for every incident that opened or resolved in this evaluation (or waits for CPU budget)."""
+        waiting, self.deferred = self.deferred, []
+        for incident_id in dict.fromkeys(waiting + list(result.get("opened", [])) + list(result.get("resolved", []))):
+            if self.gate is not None and not self.gate("report", incident_id in waiting):
+                self.deferred = self.deferred[-(self.max_pending - 1):] + [incident_id]
+                continue
             if self._pending >= self.max_pending:
                 log.warning("report queue full; skipped the report of %s (run `vllm-sentinel report %s`)",
                             incident_id, incident_id)
@@ -40,6 +51,10 @@ class AutoReporter:
             path = str(written.markdown)  # rewritten when the incident resolves: listed once, as the newest
             self.written = ([w for w in self.written if w != path] + [path])[-20:]
             log.info("incident report %s", written.markdown)
+            for line in written.missing:
+                if line not in self.said:
+                    self.said.add(line)
+                    log.warning("incident report %s written without %s", written.markdown, line)
         except Exception:
             log.exception("report of %s failed; the daemon keeps running", incident_id)
         finally:

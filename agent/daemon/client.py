@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlencode
 
+from vllm_sentinel.agent.daemon.paths import UnsafeSocketPath, check_socket
+
 
 class ApiError(Exception):
     """The daemon answered with an error, or could not be reached."""
@@ -16,6 +18,10 @@ class ApiError(Exception):
 
 class DaemonNotRunning(ApiError):
     """No daemon listens on the socket (absent or stale)."""
+
+
+class UnsafeSocket(ApiError):
+    """The socket or its folder could have been planted by another user: not talked to."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -31,10 +37,14 @@ class _UnixConnection(http.client.HTTPConnection):
 
 def call(socket_path: str | Path, route: str, params: dict[str, object] | None = None,
          timeout: float = 60.0) -> dict:
-    """GET a route of the daemon; raises DaemonNotRunning when nothing listens."""
+    """GET a route of the daemon; DaemonNotRunning when nothing listens, UnsafeSocket when others could answer."""
     path = str(socket_path)
     if not os.path.exists(path):
         raise DaemonNotRunning(f"no daemon socket at {path}")
+    try:  # another user's socket would get our request and send its own answers: never ask it
+        check_socket(Path(path))
+    except UnsafeSocketPath as e:
+        raise UnsafeSocket(f"not asking the daemon: {e}") from None
     query = ("?" + urlencode({k: v for k, v in (params or {}).items() if v is not None})) if params else ""
     conn = _UnixConnection(path, timeout)
     try:

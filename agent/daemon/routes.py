@@ -56,7 +56,8 @@ def daemon_route_report(rules: list | None = None) -> Route:
                                           now_ms=int(params["now_ms"]), rules=rules)
         except IncidentNotFound as e:
             return {"not_found": str(e)}
-        return {"markdown": str(written.markdown), "charts": [str(c) for c in written.charts]}
+        return {"markdown": str(written.markdown), "charts": [str(c) for c in written.charts],
+                "missing": written.missing}
     return handle
 
 

@@ -30,6 +30,19 @@ class SelfMetrics:
         self.dropped_batches = Counter("vllm_sentinel_dropped_batches",
                                        "Batches dropped because the store fell behind (queue full)", registry=r)
         self.store_errors = Counter("vllm_sentinel_store_errors", "Failed store commits", registry=r)
+        self.store_writable = Gauge("vllm_sentinel_store_writable",
+                                    "0 while the store cannot write (disk full): batches are held in memory",
+                                    registry=r)
+        self.batches_held = Gauge("vllm_sentinel_batches_held",
+                                  "Batches held in memory until the store can write again", registry=r)
+        self.samples_rejected = Counter("vllm_sentinel_samples_rejected",
+                                        "Samples the store refused (time outside 1970..2262, broken labels)",
+                                        ["target", "reason"], registry=r)
+        self.batches_failed = Counter("vllm_sentinel_batches_failed",
+                                      "Batches of a target that failed to commit even alone, and were dropped",
+                                      ["target"], registry=r)
+        self.target_stored = Gauge("vllm_sentinel_target_stored",
+                                   "1 if the last batch of a target was stored whole", ["target"], registry=r)
         self.series = Gauge("vllm_sentinel_series", "Series known to the store", registry=r)
         self.alert_notifications = Counter("vllm_sentinel_alertmanager_notifications",
                                            "Alerts sent to (or failed, or dropped before) an Alertmanager",

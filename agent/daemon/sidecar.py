@@ -23,6 +23,8 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from vllm_sentinel.agent.daemon.api import ApiServer
+from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget
+from vllm_sentinel.agent.daemon.committer import Committer
 from vllm_sentinel.agent.daemon.selfmetrics import SelfMetrics
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Event, now_ms
@@ -52,6 +54,7 @@ class SidecarConfig:
     extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
     on_stop: list[Callable[[], object]] = field(default_factory=list)  # after the last commit, before close
     status_extra: Callable[[], dict] | None = None
+    cpu_budget: CpuBudget | None = None  # sampled every second; stretches the collectors' interval when it says so
 
 
 class Sidecar:
@@ -66,7 +69,8 @@ class Sidecar:
                                                      for c in collectors}
         self._last_collect: dict[str, int] = {}
         self._last_start: dict[str, float] = {}  # monotonic start of each collector's last collection
-        self._queue: queue.Queue[Batch] = queue.Queue(maxsize=self.config.queue_max_batches)
+        self._queue: queue.Queue[tuple[str, Batch]] = queue.Queue(maxsize=self.config.queue_max_batches)
+        self.committer = Committer(store, self.metrics, self.config.queue_max_batches)
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(4, len(collectors) + 1))},
@@ -91,6 +95,9 @@ class Sidecar:
             every = max(self.config.interval_s, getattr(c, "interval_s", 0) or 0)
             self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
                                     jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
+        if self.config.cpu_budget is not None:
+            self._interval_now = self.config.interval_s
+            self._scheduler.add_job(self._keep_cpu_budget, "interval", seconds=1.0, id="cpu budget")
         self._scheduler.start()
         if self.config.socket_path:
             routes = {"/v1/health": self._health, "/v1/status": lambda _p: self.status()}
@@ -132,6 +139,18 @@ class Sidecar:
                 signal.signal(s, h)
 
     # -- work --------------------------------------------------------------------------------
+    def _keep_cpu_budget(self) -> None:
+        """Sample the CPU budget; reschedule the collectors when the interval it allows changes."""
+        assert self.config.cpu_budget is not None
+        interval = self.config.cpu_budget.sample()
+        if interval == self._interval_now:
+            return
+        self._interval_now = interval
+        for c in self.collectors:
+            every = max(interval, getattr(c, "interval_s", 0) or 0)
+            self._scheduler.reschedule_job(c.name, trigger="interval", seconds=every, jitter=min(every * 0.1, 1.0))
+        log.warning("cpu budget: collecting every %gs (%s)", interval, self.config.cpu_budget.status()["summary"])
+
     def _collect_one(self, collector: Collector) -> None:
         t0 = time.monotonic()
         previous_start = self._last_start.get(collector.name)
@@ -158,7 +177,7 @@ class Sidecar:
         self.metrics.target_up.labels(collector.name).set(1 if status.ok else 0)
         self.metrics.scrapes.labels(collector.name, "ok" if status.ok else "error").inc()
         try:
-            self._queue.put_nowait(batch)
+            self._queue.put_nowait((collector.name, batch))
         except queue.Full:
             self.metrics.dropped_batches.inc()
             log.warning("store is behind; dropped a batch of %s", collector.name)
@@ -178,9 +197,10 @@ class Sidecar:
                     batches.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            if batches:
+            if batches or self.committer.due():
                 self._commit(batches)
             elif self._stopping.is_set():
+                self.committer.at_stop()
                 return
             t = time.monotonic()
             if self.config.evaluate and t >= next_eval:
@@ -194,14 +214,9 @@ class Sidecar:
                     next_task[i] = t + every
                     self._guard(name, lambda fn=fn: fn(self.store, now_ms()))
 
-    def _commit(self, batches: list[Batch]) -> None:
+    def _commit(self, batches: list[tuple[str, Batch]]) -> None:
         t0 = time.monotonic()
-        try:
-            n = self.store.append_many(batches)
-        except Exception:
-            self.metrics.store_errors.inc()
-            log.exception("commit of %d batches failed; they are lost", len(batches))
-            return
+        n = self.committer.commit(batches)  # never raises: failures are pinned on a collector or the store
         self.metrics.commit_seconds.observe(time.monotonic() - t0)
         self.metrics.samples_stored.inc(n)
         self.metrics.series.set(self.store.series_count)
@@ -240,12 +255,17 @@ class Sidecar:
             "started_ms": self.started_ms,
             "interval_s": self.config.interval_s,
             "queue": self._queue.qsize(),
-            "collectors": [
-                {"name": name, "ok": s.ok, "error": s.error, "last_ms": self._last_collect.get(name),
-                 "detail": s.detail}
-                for name, s in self.statuses.items()
-            ],
+            "store": self.committer.status(),
+            "collectors": [self._collector_status(name, s) for name, s in self.statuses.items()],
         }
+
+    def _collector_status(self, name: str, s: CollectorStatus) -> dict:
+        # a collector that scrapes fine but whose samples are refused (or not written) is degraded, not ok
+        issue = self.committer.collector_issue(name)
+        state = "failing" if not s.ok else "degraded" if issue else "ok"
+        error = "; ".join(x for x in (s.error if not s.ok else None, issue) if x) or s.error
+        return {"name": name, "ok": state == "ok", "state": state, "error": error,
+                "last_ms": self._last_collect.get(name), "detail": s.detail}
 
 
 def _soon() -> datetime:

@@ -10,7 +10,8 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
 from vllm_sentinel.agent.daemon.alertmanager import AlertmanagerNotifier, alerts_url
 from vllm_sentinel.agent.daemon.autoreport import AutoReporter
-from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET, CpuBudget
+from vllm_sentinel.agent.daemon.paths import UnsafeSocketPath, prepare_socket_dir, socket_path_for
 from vllm_sentinel.agent.daemon.routes import (LoadRules, daemon_route_capture, daemon_route_diagnose,
                                                daemon_route_report)
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
@@ -49,6 +50,7 @@ class DaemonOptions:
     alertmanagers: list[str] = field(default_factory=list)  # incidents are sent there as alerts
     vllm_profiler_s: float | None = None  # trigger vLLM's profiler this long on stack-explained incidents; None: never
     extra_collectors: list = field(default_factory=list)
+    cpu_budget: float = DEFAULT_BUDGET  # fraction of one core; optional work waits and the interval stretches to keep it
 
 
 def default_scrape_timeout_s(interval_s: float) -> float:
@@ -67,6 +69,11 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError("--interval must be positive")
     for url in options.alertmanagers:
         alerts_url(url)  # a wrong URL fails here, before the store is opened
+    check_metrics_port(options.metrics_port)
+    try:  # before anything starts: a socket folder others can write would let them answer for us
+        prepare_socket_dir(options.socket_path or socket_path_for(options.db))
+    except UnsafeSocketPath as e:
+        raise ValueError(str(e)) from None
     collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s, max_bytes=options.scrape_max_bytes)
                   for t in options.targets]
     names = [c.instance for c in collectors]
@@ -84,8 +91,11 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     pack = load_pack(options.rules, overrides)  # a wrong rule file fails here, at start, naming file:line
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
-    reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack)
-    capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s)
+    budget = CpuBudget(options.cpu_budget, options.interval_s)
+    reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack,
+                            gate=budget.allow)
+    capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s,
+                                gate=budget.allow)
     notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s)
                 if options.alertmanagers else None)
 
@@ -108,15 +118,35 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         evaluate=evaluate, on_stop=[capturer.close, reporter.close] + ([notifier.close] if notifier else []),
         status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written,
                               "captures": capturer.last_status,
-                              "alertmanager": notifier.status if notifier else {}},
+                              "alertmanager": notifier.status if notifier else {}, "cpu": budget.status()},
+        cpu_budget=budget,
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
                       "/v1/diagnose": daemon_route_diagnose(pack_window_evaluator(pack),
                                                             load_rules=_request_rules(options.rules, overrides))})
     sidecar = Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+    budget.bind_metrics(sidecar.metrics.registry)
     if notifier is not None:
         notifier.count = lambda url, result, n: sidecar.metrics.alert_notifications.labels(url, result).inc(n)
     return sidecar
+
+
+def check_metrics_port(port: int | None, host: str = "127.0.0.1") -> None:
+    """Refuse a --metrics-port out of range or already taken (ValueError naming the fix), before anything starts."""
+    if port is None:
+        return
+    if not 0 < port <= 65535:
+        raise ValueError(f"--metrics-port {port}: use a port from 1 to 65535 (0 turns the own /metrics off)")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # as the metrics server binds: SO_REUSEADDR, so a port in TIME_WAIT is not mistaken for a busy one
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind((host, port))
+    except OSError as e:
+        raise ValueError(f"--metrics-port {port}: cannot listen on {host}:{port} ({e.strerror}); another process "
+                         "uses it: choose another with --metrics-port N, or --metrics-port 0 to turn it off") from None
+    finally:
+        probe.close()
 
 
 def _request_rules(rules: list[Path] | None, overrides: ParamOverrides | None) -> LoadRules:

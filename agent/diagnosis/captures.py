@@ -26,6 +26,7 @@ CAPTURE_ON = {"engine_stall", "frontend_cpu_bound", "queue_blocking", "prefill_h
 # Not for a stall: a frozen engine cannot start its profiler, and the request would hang until its timeout.
 PROFILER_PER_TARGET_S = 600.0
 PROFILE_ON = CAPTURE_ON - {"engine_stall"}
+MAX_DEFERRED = 16  # captures waiting for CPU budget; older ones are dropped (their moment has passed)
 
 
 def save(store: Store, taken: TargetCapture) -> int:
@@ -82,7 +83,12 @@ class IncidentCapturer:
     def __init__(self, processes_of: dict[str, object], spy: PySpy | None = None,
                  limiter: RateLimiter | None = None, kinds: set[str] = CAPTURE_ON,
                  profiler_s: float | None = None, profiler_limiter: RateLimiter | None = None,
-                 make_profiler: Callable[..., VllmProfiler] = VllmProfiler):
+                 make_profiler: Callable[..., VllmProfiler] = VllmProfiler,
+                 gate: Callable[[str, bool], bool] | None = None):
+        # gate(work, retry): False while the daemon is over its CPU budget; refused captures wait in
+        # _deferred (bounded) and go first at a later evaluation
+        self.gate = gate
+        self._deferred: list[tuple[object, str, str | None]] = []
         self.processes_of = processes_of  # instance -> its ProcessCollector (holds the last discovery)
         self.spy = spy or PySpy()
         self.limiter = limiter or RateLimiter()
@@ -94,13 +100,19 @@ class IncidentCapturer:
         self.last_status: dict[str, str] = {}  # instance -> the last capture's status line
 
     def after_evaluation(self, store: Store, result: dict, incidents_by_id: dict[str, dict]) -> None:
-        """Queue captures for opened incidents of the kinds stacks explain."""
+        """Queue captures for opened incidents of the kinds stacks explain (deferred ones first, when allowed)."""
+        while self._deferred and self.gate is not None and self.gate("capture", True):
+            self._pool.submit(self._capture, store, *self._deferred.pop(0))
         for iid in result.get("opened", []):
             inc = incidents_by_id.get(iid)
             if not inc or inc.get("incident") not in self.kinds:
                 continue
             proc = self.processes_of.get(inc.get("instance"))
             if proc is None:
+                continue
+            if self.gate is not None and not self.gate("capture", False):
+                self.last_status[proc.instance] = "deferred: the daemon is over its --cpu-budget"
+                self._deferred = (self._deferred + [(proc, iid, inc.get("incident"))])[-MAX_DEFERRED:]
                 continue
             self._pool.submit(self._capture, store, proc, iid, inc.get("incident"))
 
@@ -114,6 +126,9 @@ class IncidentCapturer:
         except Exception:
             log.exception("capture for %s failed; the daemon keeps running", incident_id)
         if self.profiler_s and kind in PROFILE_ON:  # after py-spy, whose stacks show the incident unslowed
+            if self.gate is not None and not self.gate("profiler", False):
+                self.last_status[proc.instance + " profiler"] = "skipped: the daemon is over its --cpu-budget"
+                return
             try:
                 self._profile(store, proc, incident_id)
             except Exception:

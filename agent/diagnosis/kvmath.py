@@ -98,6 +98,7 @@ def kv_shape_from_config(cfg: dict[str, Any]) -> KvShape:
     'hidden_size': 4096, 'torch_dtype': 'bfloat16'} -> KvShape(32, 8, 128, 'bfloat16', ...)
     """
     cfg = text_config(cfg)
+    _check_counts(cfg)
     layers = _first(cfg, _LAYER_KEYS)
     if layers is None:
         raise ModelConfigError(f"config.json has no layer count (one of {', '.join(_LAYER_KEYS)})")
@@ -130,6 +131,21 @@ def kv_shape_from_config(cfg: dict[str, Any]) -> KvShape:
         raise ModelConfigError("config.json has neither num_key_value_heads nor num_attention_heads")
     return KvShape(int(layers), int(kv_heads), int(head_dim), dtype, False, _sliding_window(cfg), max_len,
                    model_type)
+
+
+_MAX_COUNT = 2**24  # far above any real layer, head or width count; beyond it the file is wrong
+
+
+def _check_counts(cfg: dict[str, Any]) -> None:
+    """Refuse a count that is not a positive whole number (0 heads, -2 layers, "two"), naming the key."""
+    for key in (*_LAYER_KEYS, *_HEAD_KEYS, *_KV_HEAD_KEYS, *_HIDDEN_KEYS, "head_dim", "kv_lora_rank",
+                "qk_rope_head_dim"):
+        v = cfg.get(key)
+        if v is None or (key == "head_dim" and v == 0):  # head_dim 0 or null means "hidden / heads"
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= _MAX_COUNT or v != int(v):
+            raise ModelConfigError(f"{key} is {v!r} in config.json: it must be a whole number from 1 to "
+                                   f"{_MAX_COUNT:,}; fix the file (or pass the model's original config.json)")
 
 
 def _sliding_window(cfg: dict[str, Any]) -> int | None:

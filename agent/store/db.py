@@ -7,7 +7,9 @@ file read-only only when no daemon holds it.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,12 +18,15 @@ import duckdb
 import pyarrow as pa
 
 from vllm_sentinel.agent.store.migrations import MIGRATIONS
+from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
 
 HOUR_MS = 3_600_000
 # a partition is "closed" (safe to sort) once its hour ended this long ago: late scrapes land first
 CLOSE_GRACE_MS = 120_000
+# tests only: stop at this named point inside a transaction so a test can kill -9 the process there
+_STALL_AT = os.environ.get("VLLM_SENTINEL_TEST_STALL_AT")
 
 class StoreError(Exception):
     """A store problem an operator can act on; the message names the fix."""
@@ -39,9 +44,38 @@ class SchemaMissing(StoreError):
     """A read-only open found no (or an older) vllm-sentinel schema."""
 
 
+class StoreUnwritable(StoreError):
+    """The file cannot be written (disk full, I/O error): nothing of that commit was stored."""
+
+
+class SamplesRejected(StoreError):
+    """Samples the store cannot hold (time outside 1970..2262, broken labels); nothing of that call was stored."""
+
+    def __init__(self, rejected: list[Rejected]):
+        self.rejected = rejected
+        total = sum(r.count for r in rejected)
+        super().__init__(f"{total} sample(s) refused and nothing of them stored: {rejected[0].message}")
+
+
 def partition_name(index: int) -> str:
     """Table name of the hourly partition with this hour index since the epoch."""
+    if index < 0:  # a minus sign is no part of a table name; samples before 1970 are refused earlier
+        raise ValueError(f"hour index {index} is before 1970")
     return f"samples_{index}"
+
+
+def _stall(point: str) -> None:
+    if _STALL_AT == point:
+        sys.stderr.write(f"stalled at {point}\n")
+        sys.stderr.flush()
+        threading.Event().wait()
+
+
+def _unwritable(e: Exception) -> bool:
+    """True for a failure of the file, not of the data: the same commit would succeed once space returns."""
+    msg = str(e)
+    return isinstance(e, duckdb.IOException) or any(
+        s in msg for s in ("No space left", "Could not write", "Failed to commit", "Disk quota"))
 
 
 def _open_connection(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -142,78 +176,127 @@ class Store:
         """Store one batch in one transaction; returns the number of samples written."""
         return self.append_many([batch])
 
-    def append_many(self, batches: Iterable[Batch]) -> int:
-        """Store several batches (one scrape tick) in one transaction, built as Arrow columns."""
+    def append_many(self, batches: Iterable[Batch], rejected: list[Rejected] | None = None) -> int:
+        """Store several batches (one scrape tick) in one transaction, built as Arrow columns.
+
+        Samples the store cannot hold (time outside 1970..2262, malformed or repeated label names) are
+        refused before the transaction: with `rejected` given they are listed there and the rest is
+        stored; without it SamplesRejected is raised and nothing is stored. A file that cannot be
+        written raises StoreUnwritable. Either way a failed call leaves the store as it was.
+        """
         if self.read_only:
             raise StoreError(f"{self.path} is open read-only; writes go through the daemon.")
+        batches = list(batches)
         with self._lock:
-            ts_col: list[int] = []
-            sid_col: list[int] = []
-            val_col: list[float | None] = []
-            new_series: list[tuple[int, str, str, dict[str, str], str, str]] = []
-            events: list[Event] = []
-            for b in batches:
-                events.extend(b.events)
-                self._intern_batch(b, sid_col, new_series)
-                default_ts = b.ts_ms
-                ts_col.extend(default_ts if t is None else t for t in b.timestamps_ms)
-                val_col.extend(b.values)
-            if not ts_col and not events and not new_series:
-                return 0
-            samples = pa.table({
-                "ts": pa.array(ts_col, pa.int64()),
-                "series_id": pa.array(sid_col, pa.uint32()),
-                "value": pa.array(val_col, pa.float64()),
-            })
-            hours = sorted({t // HOUR_MS for t in ts_col})
-            con = self.con
-            con.execute("BEGIN TRANSACTION")
+            mark = (self._next_id, dict(self._partitions))
             try:
-                for idx in hours:
-                    if idx not in self._partitions:
-                        self._create_partition(idx)
-                if new_series:
-                    con.register("_new_series", _series_table(new_series))
-                    con.execute("INSERT INTO series SELECT * FROM _new_series")
-                    con.unregister("_new_series")
-                con.register("_batch", samples)
-                if len(hours) == 1:
-                    con.execute(f"INSERT INTO {partition_name(hours[0])} SELECT * FROM _batch")
-                else:
-                    for idx in hours:
-                        con.execute(f"INSERT INTO {partition_name(idx)} SELECT * FROM _batch "
-                                    f"WHERE ts >= {idx * HOUR_MS} AND ts < {(idx + 1) * HOUR_MS}")
-                con.unregister("_batch")
-                for idx in hours:
-                    if self._partitions.get(idx):
-                        con.execute("UPDATE partitions SET sorted = false WHERE idx = ?", [idx])
-                if events:
-                    con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
-                        (e.ts_ms, e.instance, e.kind, e.labels, e.message) for e in events])
-                con.execute("COMMIT")
+                ts_col, sid_col, val_col, new_series, events, refused = self._columns(batches)
+                if refused and rejected is None:
+                    raise SamplesRejected(refused.all())
+                if rejected is not None:
+                    rejected.extend(refused.all())
+                if not ts_col and not events and not new_series:
+                    return 0
+                hours = self._write(ts_col, sid_col, val_col, new_series, events)
             except BaseException:
-                con.execute("ROLLBACK")
-                # forget ids handed out in the failed transaction so they are handed out again
-                if new_series:
-                    first = new_series[0][0]
-                    self._series = {k: v for k, v in self._series.items() if v < first}
-                    self._canonical = {k: v for k, v in self._canonical.items() if v < first}
-                    self._next_id = first
+                self._undo(*mark)
                 raise
             for idx in hours:
                 self._partitions[idx] = False
             return len(ts_col)
 
-    def _intern_batch(self, b: Batch, sid_col: list[int], new_series: list) -> None:
-        instance = b.instance
+    def _columns(self, batches: list[Batch]) -> tuple:
+        """The tick as columns, with new series interned; refused samples are counted, not columned."""
+        ts_col: list[int] = []
+        sid_col: list[int] = []
+        val_col: list[float | None] = []
+        new_series: list[tuple[int, str, str, dict[str, str], str, str]] = []
+        events: list[Event] = []
+        refused = Refusals()
         cache = self._series
-        for metric, text in zip(b.metrics, b.labels):
-            key = (instance, metric, text)
-            sid = cache.get(key)
-            if sid is None:
-                sid = self._new_series_id(instance, metric, text, b.sources.get(metric, metric), new_series)
-                cache[key] = sid
-            sid_col.append(sid)
+        for i, b in enumerate(batches):
+            events.extend(b.events)
+            instance, default_ts = b.instance, b.ts_ms
+            for metric, text, value, t in zip(b.metrics, b.labels, b.values, b.timestamps_ms):
+                ts = default_ts if t is None else t
+                if not timestamp_ok(ts):
+                    refused.add(i, instance, "timestamp", describe_timestamp(metric, text, ts))
+                    continue
+                key = (instance, metric, text)
+                sid = cache.get(key)
+                if sid is None:
+                    try:
+                        sid = self._new_series_id(instance, metric, text, b.sources.get(metric, metric), new_series)
+                    except ValueError as e:
+                        refused.add(i, instance, "labels", describe_labels(metric, text, e))
+                        continue
+                    cache[key] = sid
+                ts_col.append(ts)
+                sid_col.append(sid)
+                val_col.append(value)
+        return ts_col, sid_col, val_col, new_series, events, refused
+
+    def _write(self, ts_col: list[int], sid_col: list[int], val_col: list[float | None],
+               new_series: list, events: list[Event]) -> list[int]:
+        """One transaction: new partitions, new series, the samples, the events; returns the hours written."""
+        samples = pa.table({
+            "ts": pa.array(ts_col, pa.int64()),
+            "series_id": pa.array(sid_col, pa.uint32()),
+            "value": pa.array(val_col, pa.float64()),
+        })
+        hours = sorted({t // HOUR_MS for t in ts_col})
+        con = self.con
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for idx in hours:
+                if idx not in self._partitions:
+                    self._create_partition(idx)
+            if new_series:
+                con.register("_new_series", _series_table(new_series))
+                con.execute("INSERT INTO series SELECT * FROM _new_series")
+                con.unregister("_new_series")
+            con.register("_batch", samples)
+            if len(hours) == 1:
+                con.execute(f"INSERT INTO {partition_name(hours[0])} SELECT * FROM _batch")
+            else:
+                for idx in hours:
+                    con.execute(f"INSERT INTO {partition_name(idx)} SELECT * FROM _batch "
+                                f"WHERE ts >= {idx * HOUR_MS} AND ts < {(idx + 1) * HOUR_MS}")
+            con.unregister("_batch")
+            for idx in hours:
+                if self._partitions.get(idx):
+                    con.execute("UPDATE partitions SET sorted = false WHERE idx = ?", [idx])
+            if events:
+                con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
+                    (e.ts_ms, e.instance, e.kind, e.labels, e.message) for e in events])
+            _stall("append:before_commit")
+            con.execute("COMMIT")
+        except duckdb.Error as e:
+            if _unwritable(e):
+                raise StoreUnwritable(
+                    f"cannot write {self.path}: {str(e).splitlines()[0][:200]}. Free space on its disk "
+                    "(or point --db at a disk with room); writing resumes by itself") from e
+            raise
+        return hours
+
+    def _undo(self, first_new_id: int, partitions: dict[int, bool]) -> None:
+        """After a failed write: end the transaction if one is left and forget what it handed out."""
+        self._rollback()
+        # series ids handed out in the failed call are handed out again, to the series that next needs one
+        if self._next_id != first_new_id:
+            self._series = {k: v for k, v in self._series.items() if v < first_new_id}
+            self._canonical = {k: v for k, v in self._canonical.items() if v < first_new_id}
+            self._next_id = first_new_id
+        self._partitions = partitions
+
+    def _rollback(self) -> None:
+        """ROLLBACK when a transaction is open; a failed COMMIT (disk full) has already ended it."""
+        try:
+            self.con.execute("ROLLBACK")
+        except duckdb.TransactionException:
+            pass  # "no transaction is active": nothing to undo
+        except duckdb.Error:
+            pass  # the connection itself failed; the caller's error says why
 
     def _new_series_id(self, instance: str, metric: str, text: str, source: str, new_series: list) -> int:
         # label text from different writers may order labels differently: canonicalise once per series
@@ -249,20 +332,21 @@ class Store:
             old = [i for i in sorted(self._partitions) if (i + 1) * HOUR_MS <= cutoff_ms]
             if not old:
                 return dropped
+            saved = self._partitions
             self.con.execute("BEGIN TRANSACTION")
             try:
                 for idx in old:
                     self.con.execute(f"DROP TABLE {partition_name(idx)}")
                     self.con.execute("DELETE FROM partitions WHERE idx = ?", [idx])
                     dropped.append(partition_name(idx))
-                remaining = {i: s for i, s in self._partitions.items() if i not in old}
-                saved, self._partitions = self._partitions, remaining
+                self._partitions = {i: s for i, s in saved.items() if i not in old}
                 self._refresh_view()
                 self.con.execute("DELETE FROM events WHERE ts < ?", [cutoff_ms])
+                _stall("retention:before_commit")
                 self.con.execute("COMMIT")
             except BaseException:
                 self._partitions = saved
-                self.con.execute("ROLLBACK")
+                self._rollback()
                 raise
         return dropped
 
@@ -277,18 +361,21 @@ class Store:
                 self.con.execute("BEGIN TRANSACTION")
                 try:
                     self.con.execute(f"CREATE TABLE {name}_sorting AS SELECT * FROM {name} ORDER BY series_id, ts")
-                    self.con.execute(f"DROP VIEW IF EXISTS samples")
+                    _stall("rewrite:sorted_copy")
+                    self.con.execute("DROP VIEW IF EXISTS samples")
                     self.con.execute(f"DROP TABLE {name}")
                     self.con.execute(f"ALTER TABLE {name}_sorting RENAME TO {name}")
                     self.con.execute("UPDATE partitions SET sorted = true WHERE idx = ?", [idx])
                     self._refresh_view()
+                    _stall("rewrite:before_commit")
                     self.con.execute("COMMIT")
                 except BaseException:
-                    self.con.execute("ROLLBACK")
+                    self._rollback()
                     raise
                 self._partitions[idx] = True
                 done.append(name)
             if done:
+                _stall("rewrite:before_checkpoint")
                 self.con.execute("CHECKPOINT")
         return done
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch
-from vllm_sentinel.collectors.exposition import ParseError, looks_openmetrics, parse, parse_labels
+from vllm_sentinel.collectors.exposition import looks_openmetrics, parse, parse_labels
 
 CHUNK_LINES = 200_000  # bounded memory for large dumps: parse and commit this many lines at a time
 
@@ -27,13 +27,25 @@ class IngestResult:
     instances: list[str]
     first_ms: int | None
     last_ms: int | None
+    skipped: int = 0  # malformed lines left out (each named by `first_skipped` for the first)
+    first_skipped: str | None = None  # 'line 17: timestamp out of range ...: <line>'
+
+    def skipped_message(self) -> str | None:
+        """One line naming the skipped lines and the fix, or None when every line was stored."""
+        if not self.skipped:
+            return None
+        return (f"skipped {self.skipped} malformed line(s), first {self.first_skipped}; the other "
+                "samples are stored: fix those lines and ingest just them (ingesting the whole file "
+                "again would store its samples twice)")
 
 
 def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: int,
                 progress: Callable[[int, int], None] | None = None) -> IngestResult:
-    """Parse `text` strictly and store it; samples without a timestamp get `default_ts_ms`.
+    """Parse `text` and store every well-formed sample; samples without a timestamp get `default_ts_ms`.
 
-    The `instance` label in the data wins; `instance` fills it where the data has none.
+    The `instance` label in the data wins; `instance` fills it where the data has none. Malformed
+    lines (bad syntax, a timestamp outside years 1..9999) are left out and counted in the result,
+    as a scrape does: one bad line must not cost the rest of someone's dump.
     """
     openmetrics = looks_openmetrics(text)
     lines = text.splitlines(keepends=True)
@@ -42,16 +54,18 @@ def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: in
             lines.pop()
         if lines and lines[-1].strip() == "# EOF":
             lines.pop()
-    total, stored = len(lines), 0
+    total, stored, skipped = len(lines), 0, 0
+    first_skipped: str | None = None
     seen: set[str] = set()
     first = last = None
     for start in range(0, max(total, 1), CHUNK_LINES):
         chunk = "".join(lines[start:start + CHUNK_LINES])
-        try:
-            parsed = parse(chunk + "# EOF\n" if openmetrics else chunk, openmetrics=openmetrics, strict=True)
-        except ParseError as e:
-            raise IngestError(f"line {start + e.line_no}: {e.reason}: {e.line[:120]!r}. Fix or delete that "
-                              "line and ingest again; nothing from this chunk was stored.") from e
+        parsed = parse(chunk + "# EOF\n" if openmetrics else chunk, openmetrics=openmetrics, strict=False)
+        if parsed.errors:
+            skipped += len(parsed.errors)
+            if first_skipped is None:
+                e = parsed.errors[0]
+                first_skipped = f"line {start + e.line_no}: {e.reason}: {e.line[:120]!r}"
         batches = _batches(parsed, instance, default_ts_ms, start)
         for b in batches.values():
             seen.add(b.instance)
@@ -62,7 +76,7 @@ def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: in
         stored += store.append_many(batches.values())
         if progress:
             progress(min(start + CHUNK_LINES, total), total)
-    return IngestResult(stored, sorted(seen), first, last)
+    return IngestResult(stored, sorted(seen), first, last, skipped, first_skipped)
 
 
 def ingest_file(store: Store, path: str | Path, instance: str | None = None, default_ts_ms: int | None = None,

@@ -140,6 +140,12 @@ def test_comments_blank_lines_crlf_and_indentation() -> None:
     ("9bad 1", "invalid metric name"),
     ("m one", "not a number"),
     ("m 1_000", "not a number"),
+    ("m 1 1_000", "timestamp is not a number"),
+    ("m 1 1e400", "timestamp out of range"),
+    ("m 1 9223372036854775807", "timestamp out of range"),
+    ("m 1 -9223372036854775808", "timestamp out of range"),
+    ('m{engine="0",engine="1"} 1', "label 'engine' given twice"),
+    ('m{a="1"' + " " * 5000 + ";} 1", "malformed labels"),
     ("m 1 2 3", "expected"),
     ("m 1 soon", "timestamp"),
 ])
@@ -152,6 +158,17 @@ def test_malformed_line_names_line_number(line: str, reason: str) -> None:
     lenient = parse(text, strict=False)
     assert lenient.names == ["ok", "ok2"]
     assert [e.line_no for e in lenient.errors] == [3]
+
+
+def test_openmetrics_timestamp_overflowing_to_inf_is_one_line_error_not_the_scrape() -> None:
+    text = "# TYPE g gauge\ng 1 1e307\ng2 2 1795946400.5\n# EOF\n"
+    lenient = parse(text, strict=False)
+    assert lenient.names == ["g2"] and lenient.timestamps_ms == [1_795_946_400_500]
+    assert [(e.line_no, e.reason.split(" (")[0]) for e in lenient.errors] == [(2, "timestamp out of range")]
+
+
+def test_blank_label_list_is_no_labels_as_promtool() -> None:
+    assert parse("a{ } 1\n").labels == [""]
 
 
 def test_parse_labels_rejects_garbage() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sentinel.agent.demo.vllm_server import free_port
 from vllm_sentinel.collectors.base import Batch
 from vllm_sentinel.collectors.exposition import parse
 from vllm_sentinel.collectors.vllm import (
@@ -87,13 +88,6 @@ def server() -> Iterator[tuple[str, Behaviour]]:
         thread.join(timeout=5)
 
 
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def meta(batch: Batch) -> dict[str, float | None]:
     return {m: v for m, lab, v in zip(batch.metrics, batch.labels, batch.values) if m in META and lab == ""}
 
@@ -166,19 +160,15 @@ def test_dead_port() -> None:
     assert "connection refused" in batch.status.error and "is vLLM running" in batch.status.error
 
 
-def test_slow_server_beyond_timeout(server: tuple[str, Behaviour]) -> None:
+@pytest.mark.parametrize(("slowness", "seconds", "timeout_s"), [
+    ("delay_s", 5.0, 0.2),  # no headers before the timeout
+    ("drip_s", 0.1, 0.3),  # headers at once, then 4 KiB every 0.1 s: each read is quick, the whole answer is not
+], ids=["slow_server_beyond_timeout", "slow_body_is_bounded_by_one_deadline"])
+def test_slow_answer_is_bounded_by_the_scrape_timeout(server: tuple[str, Behaviour], slowness: str, seconds: float,
+                                                      timeout_s: float) -> None:
     url, behaviour = server
-    behaviour.delay_s = 5.0
-    batch = VllmCollector(url, timeout_s=0.2).collect(1_000)
-    assert meta(batch)["up"] == 0.0
-    assert "--scrape-timeout" in batch.status.error
-
-
-def test_slow_body_is_bounded_by_one_deadline(server: tuple[str, Behaviour]) -> None:
-    # headers at once, then 4 KiB every 0.1 s: each read is quick, the whole answer is not
-    url, behaviour = server
-    behaviour.drip_s = 0.1
-    batch = VllmCollector(url, timeout_s=0.3).collect(1_000)
+    setattr(behaviour, slowness, seconds)
+    batch = VllmCollector(url, timeout_s=timeout_s).collect(1_000)
     assert meta(batch)["up"] == 0.0
     assert "--scrape-timeout" in batch.status.error
 
@@ -319,3 +309,93 @@ def test_batches_land_in_the_store_with_source_names(server: tuple[str, Behaviou
         assert kv == [(1_000_000, 0.25), (1_001_000, None)]  # the stale marker is a NULL
     finally:
         store.close()
+
+
+# --- a body cut off in transit ------------------------------------------------------------
+
+def _cut_at_line_end(body: bytes, fraction: float) -> bytes:
+    return body[: body.rindex(b"\n", 0, int(len(body) * fraction)) + 1]
+
+
+class RawServer:
+    """A listening socket on 127.0.0.1 that answers each connection with the next raw byte string,
+    written as is, then closes: a server that lies about its Content-Length or drops a chunked body."""
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = answers
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        for answer in self.answers:
+            conn, _ = self.sock.accept()
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(4096)
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(timeout=5)
+
+
+def _plain(body: bytes, declared: int) -> bytes:
+    return (f"HTTP/1.1 200 OK\r\nContent-Type: {TEXT_CT}\r\nContent-Length: {declared}\r\n"
+            "Connection: close\r\n\r\n").encode() + body
+
+
+def _chunked(body: bytes, complete: bool) -> bytes:
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {TEXT_CT}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 4096]), body[i:i + 4096])
+                      for i in range(0, len(body), 4096))
+    return head + chunks + (b"0\r\n\r\n" if complete else b"")
+
+
+@pytest.mark.parametrize("cut", ["short-content-length", "chunked-without-last-chunk"])
+def test_a_body_cut_off_is_a_failed_scrape_not_a_good_one(cut: str) -> None:
+    partial = _cut_at_line_end(ONE_REQUEST, 0.4)
+    bad = (_plain(partial, declared=len(ONE_REQUEST)) if cut == "short-content-length"
+           else _chunked(partial, complete=False))
+    server = RawServer([_plain(ONE_REQUEST, len(ONE_REQUEST)), bad, _chunked(ONE_REQUEST, complete=True)])
+    try:
+        collector = VllmCollector(server.url, timeout_s=5)
+        good = collector.collect(1_000)
+        assert meta(good)["up"] == 1.0 and meta(good)["scrape_samples_scraped"] == 381
+        cut_off = collector.collect(2_000)
+        # As any failed scrape: up 0, nothing of the partial body kept, every series stale at once.
+        assert meta(cut_off)["up"] == 0.0 and meta(cut_off)["scrape_samples_scraped"] == 0.0
+        assert not cut_off.status.ok and "cut off" in cut_off.status.error
+        assert "proxy" in cut_off.status.error and "\n" not in cut_off.status.error
+        stale = samples(cut_off)
+        assert set(stale) == set(samples(good)) and all(v is None for v in stale.values())
+        back = collector.collect(3_000)  # a complete chunked body is a good scrape again
+        assert meta(back)["up"] == 1.0 and back.status.ok and samples(back) == samples(good)
+    finally:
+        server.close()
+
+
+def test_a_first_scrape_cut_off_stores_no_samples() -> None:
+    partial = _cut_at_line_end(ONE_REQUEST, 0.4)
+    server = RawServer([_plain(partial, declared=len(ONE_REQUEST))])
+    try:
+        batch = VllmCollector(server.url, timeout_s=5).collect(1_000)
+    finally:
+        server.close()
+    assert parse(partial.decode()).names  # the cut-off part alone would parse as samples
+    assert samples(batch) == {} and meta(batch)["up"] == 0.0
+    assert f"{len(partial)} of {len(ONE_REQUEST)} bytes" in batch.status.error
+
+
+def test_openmetrics_without_final_eof_is_a_failed_scrape(server: tuple[str, Behaviour]) -> None:
+    url, behaviour = server
+    behaviour.content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    behaviour.content_length = False  # nothing but '# EOF' can tell the body is whole
+    behaviour.body = _cut_at_line_end(OPENMETRICS, 0.5)
+    batch = VllmCollector(url).collect(1_000)
+    assert meta(batch)["up"] == 0.0 and samples(batch) == {}
+    assert "# EOF" in batch.status.error
+    behaviour.body = OPENMETRICS
+    assert meta(VllmCollector(url).collect(2_000))["up"] == 1.0

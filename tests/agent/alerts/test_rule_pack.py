@@ -147,12 +147,15 @@ def h200_store():
 SHORT = {"bw_window": "5s", "bw_for": "5s"}
 
 
+def h200_incidents(store: Store, start_ms: int, end_ms: int, incident: str | None = None) -> list[dict]:
+    """The pack's incidents (SHORT params) over the H200 recording's window, or only those of one kind."""
+    found = evaluate_window(store, start_ms, end_ms, INSTANCE, load_pack(None, SHORT), step_ms=1000)
+    return [i for i in found if incident is None or i["incident"] == incident]
+
+
 def test_bandwidth_bound_decode_fires_in_the_memory_bound_phase_of_the_h200_recording(h200_store) -> None:
     store, ph = h200_store
-    pack = load_pack(None, SHORT)
-    mem_start, mem_end = ph["memory_bound"]
-    found = [i for i in evaluate_window(store, mem_start, mem_end, INSTANCE, pack, step_ms=1000)
-             if i["incident"] == "bandwidth_bound_decode"]
+    found = h200_incidents(store, *ph["memory_bound"], "bandwidth_bound_decode")
     assert found, "bandwidth_bound_decode must fire while the H200 copies memory"
     inc = found[0]
     assert inc["instance"] == INSTANCE and inc["labels"]["model_name"] == "m"
@@ -163,10 +166,8 @@ def test_bandwidth_bound_decode_fires_in_the_memory_bound_phase_of_the_h200_reco
 
 def test_bandwidth_bound_decode_does_not_fire_in_the_compute_bound_phase(h200_store) -> None:
     store, ph = h200_store
-    pack = load_pack(None, SHORT)
     comp_start, comp_end = ph["compute_bound"]
-    found = [i for i in evaluate_window(store, comp_start, comp_end, INSTANCE, pack, step_ms=1000)
-             if i["incident"] == "bandwidth_bound_decode"]
+    found = h200_incidents(store, comp_start, comp_end, "bandwidth_bound_decode")
     # the memory-bound episode may still be resolving at the window's start; none may start inside it
     starts = [i["start"] for i in found]
     assert all(s < _iso(comp_start) for s in starts), starts
@@ -174,7 +175,7 @@ def test_bandwidth_bound_decode_does_not_fire_in_the_compute_bound_phase(h200_st
 
 def test_the_healthy_h200_recording_raises_no_gpu_fault_or_oom_risk(h200_store) -> None:
     store, ph = h200_store
-    found = evaluate_window(store, ph["idle"][0], ph["tail"][1], INSTANCE, load_pack(None, SHORT), step_ms=1000)
+    found = h200_incidents(store, ph["idle"][0], ph["tail"][1])
     assert not [i for i in found if i["incident"] in {"gpu_fault", "oom_risk"}], found
 
 
