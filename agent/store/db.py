@@ -78,6 +78,15 @@ def _unwritable(e: Exception) -> bool:
         s in msg for s in ("No space left", "Could not write", "Failed to commit", "Disk quota"))
 
 
+# DuckDB's words when the commit reached the WAL and only the checkpoint after it failed
+_COMMITTED_ANYWAY = "COMMIT succeeded and is durable"
+
+
+def _invalidating(e: Exception) -> bool:
+    """True when DuckDB has invalidated the database instance: nothing more works until it is reopened."""
+    return isinstance(e, duckdb.FatalException) or "database has been invalidated" in str(e)
+
+
 def _open_connection(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(path, read_only=read_only)
@@ -116,6 +125,7 @@ class Store:
         self._canonical: dict[tuple[str, str, str], int] = {}  # (instance, metric, canonical text)
         self._next_id = 0
         self._partitions: dict[int, bool] = {}  # hour index -> sorted
+        self._invalidated: str | None = None  # why DuckDB invalidated the connection; reopened before the next write
         self._load()
 
     # -- opening -----------------------------------------------------------------------------
@@ -188,6 +198,7 @@ class Store:
             raise StoreError(f"{self.path} is open read-only; writes go through the daemon.")
         batches = list(batches)
         with self._lock:
+            self._reconnect_if_invalidated()
             mark = (self._next_id, dict(self._partitions))
             try:
                 ts_col, sid_col, val_col, new_series, events, refused = self._columns(batches)
@@ -272,12 +283,39 @@ class Store:
             _stall("append:before_commit")
             con.execute("COMMIT")
         except duckdb.Error as e:
-            if _unwritable(e):
+            if _invalidating(e):
+                # DuckDB stops serving this connection after a fatal error, so reopen before the next write
+                self._invalidated = str(e).splitlines()[0][:200]
+                if _COMMITTED_ANYWAY in str(e):
+                    return hours  # only the checkpoint after the commit failed: the tick is in the WAL, stored
+            if _unwritable(e) or self._invalidated:
                 raise StoreUnwritable(
                     f"cannot write {self.path}: {str(e).splitlines()[0][:200]}. Free space on its disk "
                     "(or point --db at a disk with room); writing resumes by itself") from e
             raise
         return hours
+
+    def _reconnect_if_invalidated(self) -> None:
+        """Reopen the file after DuckDB invalidated the connection (a fatal write error such as a full disk).
+
+        What is on disk is what was committed, so the series and partition caches are read again from it.
+        """
+        if self._invalidated is None:
+            return
+        try:
+            self.con.close()
+        except duckdb.Error:
+            pass  # an invalidated connection may refuse even to close; reopening is what matters
+        try:
+            con = _open_connection(self.path, read_only=False)
+            migrate(con)
+        except (StoreError, duckdb.Error) as e:
+            raise StoreUnwritable(f"cannot reopen {self.path} after a failed write ({self._invalidated}): "
+                                  f"{str(e).splitlines()[0][:200]}. Free space on its disk; writing resumes by "
+                                  "itself") from e
+        self.con, self._invalidated = con, None
+        self._series, self._canonical, self._partitions = {}, {}, {}
+        self._load()
 
     def _undo(self, first_new_id: int, partitions: dict[int, bool]) -> None:
         """After a failed write: end the transaction if one is left and forget what it handed out."""
