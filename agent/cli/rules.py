@@ -70,7 +70,7 @@ def _check_test_inputs(paths: list[Path], run: Optional[list[str]]) -> None:
             re.compile(pattern)
         except re.error as e:
             err.print(f"error: --run {pattern!r} is not a regular expression ({e}); e.g. --run 'kv_.*'",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
             raise typer.Exit(2) from None
     for p in paths:
         try:
