@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch, CollectorStatus
 from vllm_sentinel.collectors.exposition import ParseError, looks_openmetrics, parse
+from vllm_sentinel.collectors.target_labels import TargetLabels
 
 __all__ = ["ACCEPT", "Response", "ResponseTooLarge", "TruncatedBody", "VllmCollector", "http_fetch",
            "normalize_target"]
@@ -128,7 +129,7 @@ class VllmCollector:
 
     def __init__(self, target_url: str, instance: str | None = None,
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: int = DEFAULT_MAX_BYTES,
-                 fetch: Fetch | None = None) -> None:
+                 fetch: Fetch | None = None, labels: dict[str, str] | None = None) -> None:
         if timeout_s <= 0:
             raise ValueError(f"scrape timeout must be positive, got {timeout_s}")
         if max_bytes <= 0:
@@ -138,6 +139,7 @@ class VllmCollector:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self._fetch: Fetch = fetch or http_fetch
+        self.target_labels = TargetLabels(labels)  # a targets file's labels, on every series of this target
         # (metric, label text) of every series in the last successful scrape, for staleness
         self._live: set[tuple[str, str]] = set()
         self.last_status: CollectorStatus | None = None
@@ -161,9 +163,10 @@ class VllmCollector:
         if up == 0.0:
             self._mark_all_stale(batch)
         duration = time.monotonic() - started
-        batch.add("up", "", up)
-        batch.add("scrape_duration_seconds", "", duration)
-        batch.add("scrape_samples_scraped", "", float(samples))
+        own = self.target_labels.text
+        batch.add("up", own, up)
+        batch.add("scrape_duration_seconds", own, duration)
+        batch.add("scrape_samples_scraped", own, float(samples))
         detail.update(duration_s=round(duration, 6), samples=samples)
         batch.status = CollectorStatus(name=f"{self.name} {self.instance}", ok=error is None,
                                        error=error, detail=detail)
@@ -200,11 +203,12 @@ class VllmCollector:
                     "not a vLLM server, or vLLM runs with --disable-log-stats (drop that flag)"), 0
         if renames:
             batch.sources = {canonical: source for source, canonical in renames.items()}
+        labels = self.target_labels.apply_all(parsed.labels)
         batch.metrics.extend(metrics)
-        batch.labels.extend(parsed.labels)
+        batch.labels.extend(labels)
         batch.values.extend(parsed.values)
         batch.timestamps_ms.extend(parsed.timestamps_ms)
-        live = set(zip(metrics, parsed.labels))
+        live = set(zip(metrics, labels))
         for metric, labels in self._live - live:  # gone since the last scrape: one stale marker
             batch.add(metric, labels, None)
         self._live = live
@@ -215,6 +219,17 @@ class VllmCollector:
             error = (f"{self.url}: skipped {len(parsed.errors)} malformed line(s), first {first} "
                      "(kept the other samples; report it to whoever exports that metric)")
         return error, len(metrics)
+
+    def retire(self, now_ms: int) -> Batch:
+        """The target is gone from the targets: a stale marker for each of its series, `up` and scrape_* included.
+
+        As Prometheus ends the series of a target that service discovery dropped.
+        """
+        batch = Batch(instance=self.instance, ts_ms=now_ms)
+        self._mark_all_stale(batch)
+        for name in ("up", "scrape_duration_seconds", "scrape_samples_scraped"):
+            batch.add(name, self.target_labels.text, None)
+        return batch
 
     def _mark_all_stale(self, batch: Batch) -> None:
         for metric, labels in self._live:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from vllm_sentinel.collectors.timefmt import iso_seconds
 from vllm_sentinel.reports.sparkline import sparkline
 
 SEVERITY_STYLE = {"critical": "bold white on red", "high": "bold red", "warning": "yellow", "info": "cyan"}
@@ -131,6 +132,7 @@ def render_status(console: Console, doc: dict) -> None:
     if store.get("lost_batches"):
         console.print(Text(f"store: {store['lost_batches']} batches dropped while it could not write",
                            style="yellow"))
+    _render_targets(console, doc)
     t = Table()
     for col in ("collector", "state", "error / detail"):
         t.add_column(col, overflow="fold")
@@ -152,6 +154,22 @@ def render_status(console: Console, doc: dict) -> None:
         if sent.get("last_error"):
             line += f"; last error: {sent['last_error']}"
         console.print(Text(line, style="yellow" if sent.get("last_error") else ""))
+
+
+def _render_targets(console: Console, doc: dict) -> None:
+    """Where the targets came from; the targets file's last reload, or why the last one failed."""
+    targets = doc.get("targets") or []
+    from_flag = sum(1 for t in targets if t.get("source") == "--target")
+    tf = doc.get("targets_file")
+    line = f"targets: {from_flag} from --target"
+    if tf:
+        line += f", {len(targets) - from_flag} from {tf['path']}"
+        if tf.get("last_reload_ms"):
+            line += f" (read {iso_seconds(tf['last_reload_ms'])}"
+            line += f", last change {iso_seconds(tf['last_change_ms'])})" if tf.get("last_change_ms") else ")"
+    console.print(Text(line))
+    if tf and tf.get("error"):
+        console.print(Text(f"targets file reload failed, the running targets stay: {tf['error']}", style="bold red"))
 
 
 def render_capture(console: Console, doc: dict) -> None:

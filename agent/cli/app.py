@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from vllm_sentinel.agent.cli import capture, demo, diagnose, ingest, plan, report, rules, run, status
+from vllm_sentinel.agent.cli import capture, demo, diagnose, export, ingest, plan, report, rules, run, status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Observability and incident diagnosis for vLLM: metrics, GPU counters and stacks on one timeline.")
@@ -13,6 +13,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 for _module in (run, diagnose, ingest, status, capture, demo, plan, report):
     app.registered_commands.extend(_module.app.registered_commands)
 app.add_typer(rules.app, name="rules")
+app.add_typer(export.app, name="export")
 
 
 def main() -> None:

@@ -13,18 +13,21 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from vllm_sentinel.agent.daemon.api import ApiServer
 from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget
 from vllm_sentinel.agent.daemon.committer import Committer
+from vllm_sentinel.agent.daemon.ownhttp import serve_own_http
 from vllm_sentinel.agent.daemon.selfmetrics import SelfMetrics
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Event, now_ms
@@ -32,6 +35,7 @@ from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Eve
 log = logging.getLogger("vllm_sentinel.sidecar")
 
 DAY_MS = 86_400_000
+WRITER_STUCK_S = 120.0  # the writer goes round every 0.2 s; this long without is a commit that never returns
 
 
 @dataclass
@@ -51,6 +55,9 @@ class SidecarConfig:
     # other periodic work that writes (config snapshots, ...): (every seconds, name, fn(store, now_ms));
     # it runs on the writer thread, the only thread that writes
     writer_tasks: list[tuple[float, str, Callable[[Store, int], object]]] = field(default_factory=list)
+    # periodic work that does not write (re-reading a targets file): (every seconds, name, fn(now_ms)),
+    # on the scheduler's threads beside the collectors
+    background_tasks: list[tuple[float, str, Callable[[int], object]]] = field(default_factory=list)
     extra_routes: dict[str, Callable[[Store, dict], dict]] = field(default_factory=dict)
     on_stop: list[Callable[[], object]] = field(default_factory=list)  # after the last commit, before close
     status_extra: Callable[[], dict] | None = None
@@ -73,7 +80,8 @@ class Sidecar:
         self.committer = Committer(store, self.metrics, self.config.queue_max_batches)
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
-        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(4, len(collectors) + 1))},
+        # threads start only when needed: the ceiling leaves room for targets a targets file adds later
+        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(16, len(collectors) + 2))},
                                               job_defaults={"coalesce": True, "max_instances": 1,
                                                             "misfire_grace_time": None})
         # a collection still running when its next one is due is skipped, never overlapped: that is
@@ -85,16 +93,23 @@ class Sidecar:
         self._metrics_server: object | None = None
         self.started_ms = now_ms()
         self.last_evaluation: dict = {}
+        self._started = False
+        self._writer_beat = time.monotonic()  # the writer's last time round its loop, for /healthz
+        # collectors taken out (their target left the targets file) while a collection may still run:
+        # what that collection returns is dropped, so nothing lands after the stale markers
+        self._retired: weakref.WeakSet = weakref.WeakSet()
+        self._enqueue = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the writer, the schedule, the API socket and the own /metrics server."""
         self._writer.start()
+        self._started = True
         for c in self.collectors:
-            # a collector may ask for a slower cadence than the scrape interval (process discovery)
-            every = max(self.config.interval_s, getattr(c, "interval_s", 0) or 0)
-            self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
-                                    jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
+            self._schedule(c)
+        for every, name, fn in self.config.background_tasks:
+            self._scheduler.add_job(lambda fn=fn, name=name: self._guard(name, lambda: fn(now_ms())), "interval",
+                                    seconds=every, id=name, name=name)
         if self.config.cpu_budget is not None:
             self._interval_now = self.config.interval_s
             self._scheduler.add_job(self._keep_cpu_budget, "interval", seconds=1.0, id="cpu budget")
@@ -106,7 +121,8 @@ class Sidecar:
             self._api = ApiServer(self.config.socket_path, routes)
             self._api.start()
         if self.config.metrics_port is not None:
-            self._metrics_server = self.metrics.serve(self.config.metrics_port, self.config.metrics_host)
+            self._metrics_server = serve_own_http(self.metrics.registry, self.liveness, self.readiness,
+                                                  self.config.metrics_port, self.config.metrics_host)
 
     def stop(self) -> None:
         """Stop collecting, commit everything already collected, then close the API (the store stays open)."""
@@ -125,6 +141,7 @@ class Sidecar:
             self._api.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()  # type: ignore[attr-defined]
+            self._metrics_server.server_close()  # type: ignore[attr-defined]
 
     def run_forever(self, duration_s: float | None = None) -> None:
         """Run until SIGTERM/SIGINT (or for duration_s), then stop cleanly."""
@@ -138,6 +155,50 @@ class Sidecar:
             for s, h in previous.items():
                 signal.signal(s, h)
 
+    # -- targets that come and go (a targets file) -------------------------------------------
+    def add_collector(self, collector: Collector) -> None:
+        """Start collecting from one more collector (its name must be new); works before and after start()."""
+        if any(c.name == collector.name for c in self.collectors):
+            raise ValueError(f"a collector named {collector.name!r} is already running")
+        self.collectors.append(collector)
+        self.statuses[collector.name] = CollectorStatus(collector.name, ok=True, error="not yet run")
+        if self._started:
+            self._schedule(collector)
+
+    def remove_collector(self, name: str) -> None:
+        """Stop a collector; a scraped target's series get stale markers (its `retire`), as in Prometheus."""
+        collector = next((c for c in self.collectors if c.name == name), None)
+        if collector is None:
+            return
+        if self._started:
+            try:
+                self._scheduler.remove_job(name)
+            except JobLookupError:
+                pass
+        with self._enqueue:
+            self._retired.add(collector)
+            retire = getattr(collector, "retire", None)
+            if retire is not None:
+                self._put(name, retire(now_ms()))
+            self.collectors.remove(collector)
+            self.statuses.pop(name, None)
+            self._last_collect.pop(name, None)
+            self._last_start.pop(name, None)
+            for gauge in (self.metrics.target_up, self.metrics.scrape_duration):
+                try:
+                    gauge.remove(name)  # a gone target's last value must not stand as if it were current
+                except KeyError:
+                    pass
+        close = getattr(collector, "close", None)
+        if close:
+            self._guard(f"closing {name}", close)
+
+    def _schedule(self, c: Collector) -> None:
+        # a collector may ask for a slower cadence than the scrape interval (process discovery)
+        every = max(getattr(self, "_interval_now", self.config.interval_s), getattr(c, "interval_s", 0) or 0)
+        self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
+                                jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
+
     # -- work --------------------------------------------------------------------------------
     def _keep_cpu_budget(self) -> None:
         """Sample the CPU budget; reschedule the collectors when the interval it allows changes."""
@@ -146,9 +207,12 @@ class Sidecar:
         if interval == self._interval_now:
             return
         self._interval_now = interval
-        for c in self.collectors:
+        for c in list(self.collectors):  # a targets file may add or remove some meanwhile
             every = max(interval, getattr(c, "interval_s", 0) or 0)
-            self._scheduler.reschedule_job(c.name, trigger="interval", seconds=every, jitter=min(every * 0.1, 1.0))
+            try:
+                self._scheduler.reschedule_job(c.name, trigger="interval", seconds=every, jitter=min(every * 0.1, 1.0))
+            except JobLookupError:
+                pass  # removed since the list was taken
         log.warning("cpu budget: collecting every %gs (%s)", interval, self.config.cpu_budget.status()["summary"])
 
     def _collect_one(self, collector: Collector) -> None:
@@ -161,32 +225,42 @@ class Sidecar:
             batch = collector.collect(now_ms())
         except Exception as e:  # a collector must not raise; if one does, the daemon survives it
             log.exception("collector %s raised", collector.name)
-            self.statuses[collector.name] = CollectorStatus(collector.name, ok=False, error=f"{type(e).__name__}: {e}")
+            with self._enqueue:
+                if collector not in self._retired:
+                    self.statuses[collector.name] = CollectorStatus(collector.name, ok=False,
+                                                                    error=f"{type(e).__name__}: {e}")
             self.metrics.scrapes.labels(collector.name, "error").inc()
             return
         took = time.monotonic() - t0
         status = batch.status or CollectorStatus(collector.name)
-        previous = self.statuses.get(collector.name)
-        if not status.ok and (previous is None or previous.ok or previous.error != status.error):
-            # the store keeps each new error once (not every tick), so diagnose can say why a target was down
-            batch.events.append(Event(batch.ts_ms, batch.instance, "scrape_error",
-                                      {"collector": collector.name}, status.error or "failed"))
-        self.statuses[collector.name] = status
-        self._last_collect[collector.name] = batch.ts_ms
-        self.metrics.scrape_duration.labels(collector.name).set(took)
-        self.metrics.target_up.labels(collector.name).set(1 if status.ok else 0)
-        self.metrics.scrapes.labels(collector.name, "ok" if status.ok else "error").inc()
+        with self._enqueue:  # a collector retired meanwhile leaves no status, gauge or batch behind
+            if collector in self._retired:
+                return
+            previous = self.statuses.get(collector.name)
+            if not status.ok and (previous is None or previous.ok or previous.error != status.error):
+                # the store keeps each new error once (not every tick), so diagnose can say why a target was down
+                batch.events.append(Event(batch.ts_ms, batch.instance, "scrape_error",
+                                          {"collector": collector.name}, status.error or "failed"))
+            self.statuses[collector.name] = status
+            self._last_collect[collector.name] = batch.ts_ms
+            self.metrics.scrape_duration.labels(collector.name).set(took)
+            self.metrics.target_up.labels(collector.name).set(1 if status.ok else 0)
+            self.metrics.scrapes.labels(collector.name, "ok" if status.ok else "error").inc()
+            self._put(collector.name, batch)
+
+    def _put(self, name: str, batch: Batch) -> None:
         try:
-            self._queue.put_nowait((collector.name, batch))
+            self._queue.put_nowait((name, batch))
         except queue.Full:
             self.metrics.dropped_batches.inc()
-            log.warning("store is behind; dropped a batch of %s", collector.name)
+            log.warning("store is behind; dropped a batch of %s", name)
 
     def _write_loop(self) -> None:
         next_eval = time.monotonic() + self.config.eval_interval_s
         next_maint = time.monotonic()
         next_task = [time.monotonic() + every for every, _n, _f in self.config.writer_tasks]
         while True:
+            self._writer_beat = time.monotonic()
             try:
                 first = self._queue.get(timeout=0.2)
                 batches = [first]
@@ -244,6 +318,28 @@ class Sidecar:
             log.exception("%s failed; the daemon keeps running", what)
 
     # -- introspection -----------------------------------------------------------------------
+    def liveness(self) -> dict[str, dict]:
+        """/healthz: the writer and the scheduler are alive and the writer is not stuck in one commit."""
+        quiet_s = time.monotonic() - self._writer_beat
+        return {
+            "writer": {"ok": self._writer.is_alive() and quiet_s < WRITER_STUCK_S,
+                       "detail": (f"last round {quiet_s:.1f}s ago" if self._writer.is_alive()
+                                  else "the writer thread has stopped")},
+            "scheduler": {"ok": bool(self._scheduler.running), "detail": "running" if self._scheduler.running
+                          else "stopped"},
+        }
+
+    def readiness(self) -> dict[str, dict]:
+        """/readyz: every collector has run once and the store can write (a target being down is not counted)."""
+        waiting = [name for name, s in list(self.statuses.items()) if s.error == "not yet run"]
+        store = self.committer.status()
+        return {
+            "started": {"ok": self._started and not self._stopping.is_set(),
+                        "detail": "stopping" if self._stopping.is_set() else "started" if self._started else "starting"},
+            "first_collection": {"ok": not waiting, "detail": f"waiting for {', '.join(waiting)}" if waiting else "done"},
+            "store": {"ok": bool(store["ok"]), "detail": store["error"] or "writable"},
+        }
+
     def _health(self, _params: dict) -> dict:
         return {"ok": True, "pid": os.getpid(), "db": self.store.path, "started_ms": self.started_ms}
 
@@ -256,7 +352,7 @@ class Sidecar:
             "interval_s": self.config.interval_s,
             "queue": self._queue.qsize(),
             "store": self.committer.status(),
-            "collectors": [self._collector_status(name, s) for name, s in self.statuses.items()],
+            "collectors": [self._collector_status(name, s) for name, s in list(self.statuses.items())],
         }
 
     def _collector_status(self, name: str, s: CollectorStatus) -> dict:

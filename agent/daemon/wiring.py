@@ -14,7 +14,9 @@ from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET, CpuBudget
 from vllm_sentinel.agent.daemon.paths import UnsafeSocketPath, prepare_socket_dir, socket_path_for
 from vllm_sentinel.agent.daemon.routes import (LoadRules, daemon_route_capture, daemon_route_diagnose,
                                                daemon_route_report)
+from vllm_sentinel.agent.daemon.file_sd import TargetSpec
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
+from vllm_sentinel.agent.daemon.targets import RELOAD_CHECK_S, TargetSet
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
 from vllm_sentinel.agent.diagnosis.incidents import Evaluator
@@ -24,7 +26,7 @@ from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.nvml import NvmlCollector
 from vllm_sentinel.collectors.process import ProcessCollector
-from vllm_sentinel.collectors.vllm import VllmCollector
+from vllm_sentinel.collectors.vllm import VllmCollector, default_instance, normalize_target
 
 PROCESS_INTERVAL_S = 5.0  # process discovery scans /proc: every few seconds is plenty
 CONFIG_INTERVAL_S = 30.0
@@ -36,11 +38,13 @@ class DaemonOptions:
 
     targets: list[str]
     db: Path
+    targets_file: Path | None = None  # Prometheus file_sd (JSON/YAML), re-read when it changes
     interval_s: float = 1.0
     scrape_timeout_s: float = 3.0
     scrape_max_bytes: int = 32 * 2**20
     retention_ms: int = 7 * 86_400_000
     metrics_port: int | None = 9464
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a pod, so the kubelet's probes and Prometheus reach it
     socket_path: Path | None = None
     nvml: str = "auto"  # auto: collect GPU counters when nvidia-ml-py is installed; on / off
     rules: list[Path] | None = None  # rule files or folders; None: the shipped pack
@@ -63,28 +67,23 @@ def default_scrape_timeout_s(interval_s: float) -> float:
 
 def build_sidecar(options: DaemonOptions) -> Sidecar:
     """A ready-to-start Sidecar; raises with a clear message on misconfiguration."""
-    if not options.targets:
-        raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000")
+    if not options.targets and options.targets_file is None:
+        raise ValueError("no --target given; pass the vLLM server URL, e.g. --target http://127.0.0.1:8000, "
+                         "or --targets-file FILE")
     if options.interval_s <= 0:
         raise ValueError("--interval must be positive")
     for url in options.alertmanagers:
         alerts_url(url)  # a wrong URL fails here, before the store is opened
-    check_metrics_port(options.metrics_port)
+    check_metrics_port(options.metrics_port, options.metrics_host)
     try:  # before anything starts: a socket folder others can write would let them answer for us
         prepare_socket_dir(options.socket_path or socket_path_for(options.db))
     except UnsafeSocketPath as e:
         raise ValueError(str(e)) from None
-    collectors = [VllmCollector(t, timeout_s=options.scrape_timeout_s, max_bytes=options.scrape_max_bytes)
-                  for t in options.targets]
-    names = [c.instance for c in collectors]
-    if len(set(names)) != len(names):
-        raise ValueError(f"the same target is given twice: {names}")
-    for c in collectors:
-        c.name = f"vllm {c.instance}"  # one scheduler job and one status line per target
-    processes = [ProcessCollector(t, instance=c.instance) for t, c in zip(options.targets, collectors)]
-    for p in processes:
-        p.name = f"process {p.instance}"
-        p.interval_s = PROCESS_INTERVAL_S
+    processes: dict[str, ProcessCollector] = {}  # instance -> its process collector, as targets come and go
+    targets = TargetSet([static_target(t) for t in options.targets], options.targets_file,
+                        _target_starter(options, processes))
+    target_collectors = targets.initial()  # a bad targets file fails here, naming file:line
+    names = list(targets.running)
     gpus = _gpu_collectors(options.nvml, names)
     # --params is read once, here; a request's own overrides replace it, never re-read it
     overrides = load_params_file(options.params) if options.params else None
@@ -94,8 +93,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     budget = CpuBudget(options.cpu_budget, options.interval_s)
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack,
                             gate=budget.allow)
-    capturer = IncidentCapturer({p.instance: p for p in processes}, profiler_s=options.vllm_profiler_s,
-                                gate=budget.allow)
+    capturer = IncidentCapturer(processes, profiler_s=options.vllm_profiler_s, gate=budget.allow)
     notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s)
                 if options.alertmanagers else None)
 
@@ -115,16 +113,25 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     config = SidecarConfig(
         interval_s=options.interval_s, retention_ms=options.retention_ms, eval_interval_s=options.eval_interval_s,
         socket_path=options.socket_path or socket_path_for(options.db), metrics_port=options.metrics_port,
+        metrics_host=options.metrics_host,
         evaluate=evaluate, on_stop=[capturer.close, reporter.close] + ([notifier.close] if notifier else []),
-        status_extra=lambda: {"reports_dir": str(reporter.out_dir), "reports": reporter.written,
+        status_extra=lambda: {**targets.status(), "reports_dir": str(reporter.out_dir), "reports": reporter.written,
                               "captures": capturer.last_status,
                               "alertmanager": notifier.status if notifier else {}, "cpu": budget.status()},
         cpu_budget=budget,
         writer_tasks=[(CONFIG_INTERVAL_S, "config snapshot", _snapshotter(processes))],
+        background_tasks=[(RELOAD_CHECK_S, "targets file", targets.reload_if_changed)] if options.targets_file else [],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
                       "/v1/diagnose": daemon_route_diagnose(pack_window_evaluator(pack),
                                                             load_rules=_request_rules(options.rules, overrides))})
-    sidecar = Sidecar(store, collectors + processes + gpus + list(options.extra_collectors), config)
+    sidecar = Sidecar(store, target_collectors + gpus + list(options.extra_collectors), config)
+
+    def stop_collector(name: str) -> None:
+        sidecar.remove_collector(name)
+        for instance in [i for i, p in processes.items() if p.name == name]:
+            del processes[instance]  # no more stack captures or config snapshots of a gone target
+
+    targets.bind(sidecar.add_collector, stop_collector, sidecar.metrics.registry)
     budget.bind_metrics(sidecar.metrics.registry)
     if notifier is not None:
         notifier.count = lambda url, result, n: sidecar.metrics.alert_notifications.labels(url, result).inc(n)
@@ -156,13 +163,33 @@ def _request_rules(rules: list[Path] | None, overrides: ParamOverrides | None) -
     return load
 
 
-def _snapshotter(processes: list[ProcessCollector]):
+def _target_starter(options: DaemonOptions, processes: dict[str, ProcessCollector]):
+    """How one target's collectors are built: its /metrics scrape, and its processes on this host."""
+    def start_target(spec: TargetSpec) -> list:
+        vllm = VllmCollector(spec.url, instance=spec.instance, timeout_s=options.scrape_timeout_s,
+                             max_bytes=options.scrape_max_bytes, labels=spec.label_dict)
+        vllm.name = f"vllm {vllm.instance}"  # one scheduler job and one status line per target
+        process = ProcessCollector(spec.url, instance=spec.instance)
+        process.name = f"process {process.instance}"
+        process.interval_s = PROCESS_INTERVAL_S
+        processes[spec.instance] = process
+        return [vllm, process]
+    return start_target
+
+
+def static_target(target: str) -> TargetSpec:
+    """A --target URL as a target (no labels of its own); a bad URL is a ValueError naming the fix."""
+    url = normalize_target(target)
+    return TargetSpec(url=url, instance=default_instance(url))
+
+
+def _snapshotter(processes: dict[str, ProcessCollector]):
     """Record each instance's live configuration (cache_config_info + argv + config.json) when it changes."""
     # the platform (for vLLM's defaults) is inferred from cache_config_info by liveconfig. With no
     # API server process found (server down, or not on this host) nothing is recorded: the last
     # snapshot stays in force, rather than vLLM's defaults posing as the server's flags
     def snapshot(store: Store, now: int) -> None:
-        for p in processes:
+        for p in list(processes.values()):
             api_server = next((x for x in p.processes if x.role == "api_server"), None)
             if api_server is None and liveconfig.load_snapshot_at(store, p.instance, now) is not None:
                 continue
