@@ -30,7 +30,7 @@ _SPINNER = textwrap.dedent("""
             x += 1
     def nap_forever():
         while True:
-            time.sleep(0.05)
+            time.sleep(30)  # one long sleep: a thread that wakes often can be caught runnable, waiting for the GIL
     threading.Thread(target=spin_forever, name="spinner", daemon=True).start()
     threading.Thread(target=nap_forever, name="napper", daemon=True).start()
     print("ready", flush=True)

@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 
-from tests.agent.daemon.test_disk_full import small_disk  # noqa: F401 - the fixture
+from tests.agent.daemon.test_daemon_disk_full import small_disk  # noqa: F401 - the fixture
 
 WRITER = r"""
 import json, os, random, resource, signal, sys
@@ -25,7 +25,7 @@ from pathlib import Path
 from vllm_sentinel.agent.store.db import Store, StoreUnwritable
 from vllm_sentinel.collectors.base import Batch
 sys.path.insert(0, os.getcwd())
-from tests.agent.daemon.test_disk_full import fill
+from tests.agent.daemon.test_daemon_disk_full import fill
 
 path, way = Path(sys.argv[1]), sys.argv[2]
 T0 = 1_795_946_400_000
