@@ -9,16 +9,21 @@ subqueries and both sides of every operator, through the PromQL parser (never by
 
 The parser prints label values and strings without escaping them, so values are escaped before
 printing, and the printed text is parsed again and checked to hold exactly the values intended.
+A subquery without a step (`[10m:]`) is sent with Prometheus' default step written out (`[10m:1m]`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import promql_parser as pp
 
 from vllm_sentinel.agent.promql.parser import PromQLError, parse
 
+# a subquery without a step runs at the server's global evaluation_interval, 1m unless configured;
+# the parser cannot print an empty step, so it is written out as Prometheus' default
+DEFAULT_SUBQUERY_STEP = timedelta(minutes=1)
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -38,6 +43,12 @@ _PP_OPS = {"=": pp.MatchOp.Equal, "!=": pp.MatchOp.NotEqual, "=~": pp.MatchOp.Re
 def quote(value: str) -> str:
     """A PromQL string literal's body for `value`: 'a"b\\c' -> 'a\\"b\\\\c' (Go's escapes, as Prometheus reads them)."""
     return "".join(_ESCAPES.get(c, c if c.isprintable() else f"\\u{ord(c):04x}") for c in value)
+
+
+def _escaped(value: str, times: int) -> str:
+    for _ in range(times):
+        value = quote(value)
+    return value
 
 
 def parse_selector(text: str) -> tuple[Matcher, ...]:
@@ -89,19 +100,31 @@ def scope_expr(expr: str, matchers: tuple[Matcher, ...]) -> str:
     tree = parse(expr)
     extra = [(m.name, m.op, m.value) for m in matchers]
 
+    # The parser's transform keeps only freshly parsed replacement nodes, and its printer writes values
+    # raw and drops a subquery's empty step. So each leaf is printed with its values escaped once more
+    # than the final text needs for every re-parse still above it: once for the final print, once per
+    # step-less subquery around it, which is re-parsed with its step written out.
+    depth = [1]
+
+    def enter(n: pp.Expr) -> None:
+        if isinstance(n, pp.SubqueryExpr) and n.step is None:
+            depth[0] += 1
+
     def rebuild(n: pp.Expr) -> pp.Expr | None:
-        # the parser's transform keeps only freshly parsed nodes, and prints values raw: print each node
-        # with its values escaped twice, so the parsed replacement holds them escaped once, as printed
         if isinstance(n, pp.VectorSelector):
             own = [(m.name, _OPS[str(m.op)], m.value) for m in n.matchers.matchers]
-            n.matchers = pp.Matchers([pp.Matcher(_PP_OPS[op], name, quote(quote(value)))
+            n.matchers = pp.Matchers([pp.Matcher(_PP_OPS[op], name, _escaped(value, depth[0] + 1))
                                       for name, op, value in own + extra])
             return parse(str(n))
         if isinstance(n, pp.StringLiteral):
-            return parse(f'"{quote(quote(n.val))}"')
+            return parse(f'"{_escaped(n.val, depth[0] + 1)}"')
+        if isinstance(n, pp.SubqueryExpr) and n.step is None:
+            depth[0] -= 1
+            n.step = DEFAULT_SUBQUERY_STEP
+            return parse(str(n))
         return None
 
-    text = str(pp.transform(tree, post_visit=rebuild))
+    text = str(pp.transform(tree, pre_visit=enter, post_visit=rebuild))
     wanted = _values(tree)
     wanted = [(w[0], w[1], *sorted(list(w[2:]) + [f"{n}{o}{v}" for n, o, v in extra])) if w[0] == "selector" else w
               for w in wanted]
