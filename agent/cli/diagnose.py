@@ -14,13 +14,12 @@ from rich.markup import escape
 from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
-from vllm_sentinel.agent.cli.common import (DbOption, Exit, ParamsOption, RulesOption, check_format, db_path, err, fail,
+from vllm_sentinel.agent.cli.common import (DbOption, ParamsOption, RulesOption, check_format, db_path, err, fail,
                                             out, print_json, window)
 from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
                                                         BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
                                                         PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, refuse_remote_only,
-                                                        remote_engine)
+                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose as diagnose_window
@@ -58,11 +57,8 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     check_format(fmt, ("table", "markdown", "json"))
-    refuse_remote_only(prometheus, selector=selector, bearer_token_file=bearer_token_file,
-                       basic_auth_user=basic_auth_user, basic_auth_password_file=basic_auth_password_file,
-                       ca_file=ca_file, insecure_skip_verify=insecure_skip_verify)
-    if prometheus and db is not None:
-        raise fail("--prometheus and --db are two sources of history: give one", Exit.USAGE)
+    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
     start, end = window(since, until)
     try:
         # --params is read once, here: the daemon gets its values, not the path to read again
@@ -70,9 +66,7 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
         pack = load_pack(rules, overrides)
     except (RuleFileError, OSError) as e:
         raise fail(str(e)) from None
-    if prometheus:
-        engine = remote_engine(prometheus, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                               ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    if engine is not None:
         doc = _remote_document(engine, start, end, instance, pack, since, fmt == "markdown", rules, params)
         _print(doc, fmt)
         return

@@ -54,6 +54,25 @@ def remote_engine(url: str, selector: Optional[str] = None, bearer_token_file: O
         raise fail(str(e), Exit.USAGE) from None
 
 
+def remote_source(prometheus: Optional[str], db: Optional[Path], selector: Optional[str],
+                  bearer_token_file: Optional[Path], basic_auth_user: Optional[str],
+                  basic_auth_password_file: Optional[Path], ca_file: Optional[Path], insecure_skip_verify: bool,
+                  timeout_s: float, concurrency: int, **remote_only: object) -> Optional[RemoteEngine]:
+    """The RemoteEngine for --prometheus, or None for the local file; a contradiction exits 2.
+
+    `remote_only` names the command's other options that mean something only with --prometheus.
+    """
+    refuse_remote_only(prometheus, selector=selector, bearer_token_file=bearer_token_file,
+                       basic_auth_user=basic_auth_user, basic_auth_password_file=basic_auth_password_file,
+                       ca_file=ca_file, insecure_skip_verify=insecure_skip_verify, **remote_only)
+    if not prometheus:
+        return None
+    if db is not None:
+        raise fail("--prometheus and --db are two sources of history: give one", Exit.USAGE)
+    return remote_engine(prometheus, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                         ca_file, insecure_skip_verify, timeout_s, concurrency)
+
+
 def refuse_remote_only(prometheus: Optional[str], **given: object) -> None:
     """The Prometheus-only options without --prometheus are a mistake: say so instead of ignoring them."""
     if prometheus:

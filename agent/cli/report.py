@@ -21,8 +21,7 @@ from vllm_sentinel.agent.cli.common import DbOption, Exit, ParamsOption, db_path
 from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
                                                         BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
                                                         PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, refuse_remote_only,
-                                                        remote_engine)
+                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
@@ -60,14 +59,10 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
            prometheus_timeout: float = PrometheusTimeoutOption,
            prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
     """Write one incident's Markdown report and its chart PNGs; print their paths."""
-    refuse_remote_only(prometheus, selector=selector, bearer_token_file=bearer_token_file, params=params,
-                       basic_auth_user=basic_auth_user, basic_auth_password_file=basic_auth_password_file,
-                       ca_file=ca_file, insecure_skip_verify=insecure_skip_verify, until=until)
-    if prometheus:
-        if db is not None:
-            raise fail("--prometheus and --db are two sources of history: give one", Exit.USAGE)
-        engine = remote_engine(prometheus, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                               ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency,
+                           params=params, until=until)
+    if engine is not None:
         _remote_report(engine, incident_id, window(since, until), rules, params, out_dir)
         return
     path = db_path(db)
