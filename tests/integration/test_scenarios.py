@@ -24,6 +24,8 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
@@ -229,28 +231,42 @@ def _flicker(inc: dict, window_end_ms: int) -> bool:
 
 
 def test_prometheus_names_the_same_incidents(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    """A real Prometheus scraped the server beside the sidecar through every scenario above: `diagnose
-    --prometheus` names the same incidents for the same instance, starting within one evaluation step
-    plus one scrape interval, with the same fix values."""
+    """A real Prometheus scraped the server beside the sidecar through every scenario above. Over each
+    scenario's window, the rule pack evaluated by Prometheus (`diagnose --prometheus`) and replayed over
+    the sidecar's DuckDB name the same incidents for the same instance, starting within one evaluation
+    step plus one scrape interval, with the same fix values; `diagnose --db` (the daemon's live rows)
+    names the scenario's incident too."""
     if not any(run.expected_incident for run, _doc in rig.runs):  # run alone (-k): one scenario of its own
         running(rig)
         rig.runs.append((scenarios.queue_blocking(rig.server), {}))
     tolerance_ms = (EVALUATION_STEP_S + PROMETHEUS_SCRAPE_S) * 1000
-    compared, flickers, evidence_timing = [], [], []
+    compared, flickers, evidence_timing, live_lag = [], [], [], []
     artifacts = os.environ.get("VLLM_SENTINEL_ARTIFACTS")
+    docs = []
     for run, _doc in rig.runs:
         if run.expected_incident is None:
             continue
-        db = diagnose(rig, run, whole_seconds=True)
+        live = diagnose(rig, run, whole_seconds=True)
         prom = diagnose(rig, run, ["--prometheus", rig.prometheus.url], whole_seconds=True)
-        if artifacts:  # both documents, to study where the sources differ
-            Path(artifacts).mkdir(parents=True, exist_ok=True)
-            (Path(artifacts) / f"{run.name}.json").write_text(json.dumps({"db": db, "prometheus": prom}, indent=1))
         assert prom["source"] == f"prometheus:{rig.prometheus.url}"
-        assert prom["instances"] == [rig.server.instance] == db["instances"]
-        end_ms = _ms(db["window"]["end"])
-        for here, there, side in ((db["incidents"], prom["incidents"], "prometheus"),
-                                  (prom["incidents"], db["incidents"], "the sidecar's db")):
+        assert prom["instances"] == [rig.server.instance] == live["instances"]
+        for inc in incidents_named(live, run.expected_incident):
+            other = _matched(inc, incidents_named(prom, run.expected_incident), 10**9)
+            assert other is not None, f"{run.name}: the daemon's {inc['incident']} not in {prom['incidents']}"
+            live_lag.append((run.name, (_ms(inc["start"]) - _ms(other["start"])) / 1000))
+        docs.append((run, live, prom))
+    # the daemon's live rows are kept up to date after the window (later peaks, evidence, fixes) and
+    # start when its starved evaluation loop saw `for` elapse; the replay of its file is the same
+    # window evaluation Prometheus did, over the samples the sidecar stored
+    _stop_daemon(rig)
+    for run, live, prom in docs:
+        db = _replayed(rig, live["window"])
+        if artifacts:  # the documents, to study where the sources differ
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            (Path(artifacts) / f"{run.name}.json").write_text(json.dumps({"live": live, "db": db, "prometheus": prom},
+                                                                         indent=1))
+        end_ms = _ms(live["window"]["end"])
+        for here, there, side in ((db, prom["incidents"], "prometheus"), (prom["incidents"], db, "the sidecar's db")):
             for inc in here:
                 other = _matched(inc, there, tolerance_ms)
                 if other is None:
@@ -264,8 +280,23 @@ def test_prometheus_names_the_same_incidents(rig: Rig, record_property: Callable
                 compared.append((run.name, inc["incident"], abs(_ms(inc["start"]) - _ms(other["start"])) / 1000))
         assert incidents_named(prom, run.expected_incident), f"{run.name}: prometheus: {prom['incidents']}"
     record_property("compared", compared)
+    record_property("daemon_live_start_minus_prometheus_s", live_lag)
     record_property("flickers", flickers)
     record_property("fixes_from_evidence_at_other_peaks", evidence_timing)
+
+
+def _stop_daemon(rig: Rig) -> None:
+    """Stop the sidecar so this process may open its file (the rig's teardown is then a no-op)."""
+    if rig.daemon.poll() is None:
+        rig.daemon.send_signal(signal.SIGTERM)
+        rig.daemon.wait(timeout=60)
+
+
+def _replayed(rig: Rig, window: dict) -> list[dict]:
+    """The pack replayed over the sidecar's DuckDB for the window, as `diagnose --db` replays a file."""
+    start, end = _ms(window["start"]), _ms(window["end"])
+    with Store.open(rig.db, read_only=True) as store:
+        return pack_window_evaluator(load_pack())(store, start, end, None)
 
 
 def _fix_values(fixes: list[dict]) -> list[tuple]:
