@@ -88,7 +88,7 @@ def _agrees(series_labels: dict[str, str], alert_labels: dict[str, str]) -> bool
     return all(alert_labels[k] == v for k, v in series_labels.items() if k in alert_labels and k != "__name__")
 
 
-def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[str]) -> tuple[dict, dict]:
+def evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[str]) -> tuple[dict, dict]:
     """signal -> PromQL and signal -> description, from the incident itself or its rule."""
     exprs = {e["signal"]: e["expr"] for e in incident.get("evidence", []) if e.get("expr")}
     descriptions: dict[str, str] = {}
@@ -114,8 +114,10 @@ def _evidence_exprs(incident: dict, rules: Sequence[Any] | None, missing: list[s
     return exprs, descriptions
 
 
-def _evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: tuple[int, int],
-                     engine: Any, missing: list[str]) -> dict[str, list]:
+def evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: tuple[int, int],
+                    engine: Any, missing: list[str]) -> dict[str, list]:
+    """signal -> [(labels, points)] of the incident's own series over the charted window (engine: the store's
+    by default, or any other, a remote one included); a failing query costs its chart and a line in `missing`."""
     if engine is None:
         engine = Engine(store)
     alert_labels = {**(incident.get("labels") or {}), "instance": incident.get("instance")}
@@ -142,6 +144,18 @@ def _evidence_series(store: Any, incident: dict, exprs: dict[str, str], window: 
     return out
 
 
+def charted_evidence(store: Any, incident: dict, rules: Sequence[Any] | None, window: tuple[int, int], engine: Any,
+                     missing: list[str]) -> tuple[dict, dict, dict]:
+    """(signal -> PromQL, signal -> description, signal -> series) of an incident's evidence over `window`."""
+    exprs, descriptions = evidence_exprs(incident, rules, missing)
+    series = evidence_series(store, incident, exprs, window, engine, missing) if exprs else {}
+    for ev in incident.get("evidence", []):
+        if ev["signal"] in series and not any(any(v is not None for _, v in pts) for _, pts in series[ev["signal"]]):
+            missing.append(f"Evidence `{ev['signal']}`: no samples around the incident (the metric was not "
+                           "scraped, or this vLLM version does not export it).")
+    return exprs, descriptions, series
+
+
 def config_at(store: Any, instance: str, t_ms: int) -> ConfigSnapshot | None:
     """The configuration snapshot in force at t_ms (else the first one after it), or None."""
     row = config_snapshot_at(store, instance, t_ms) or first_config_snapshot(store, instance)
@@ -164,6 +178,8 @@ def _origin(source: str) -> str:
         return "command line"
     if source.startswith("default"):
         return "vLLM default"
+    if source.startswith("inferred (") and "default" in source:
+        return "inferred: vLLM default (the command line is not in the metrics)"
     if source.startswith("cache_config_info"):
         return "engine (vllm:cache_config_info)"
     if source.startswith("model config.json"):
@@ -279,12 +295,7 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
     window = chart_window(start, end, max(now_ms, end or start))
     missing: list[str] = []
 
-    exprs, descriptions = _evidence_exprs(incident, rules, missing)
-    series = _evidence_series(store, incident, exprs, window, engine, missing) if exprs else {}
-    for ev in incident.get("evidence", []):
-        if ev["signal"] in series and not any(any(v is not None for _, v in pts) for _, pts in series[ev["signal"]]):
-            missing.append(f"Evidence `{ev['signal']}`: no samples around the incident (the metric was not "
-                           "scraped, or this vLLM version does not export it).")
+    exprs, descriptions, series = charted_evidence(store, incident, rules, window, engine, missing)
 
     config = None
     if not table_exists(store, "config_snapshots"):

@@ -72,9 +72,12 @@ def render_incidents(console: Console, incidents: list[dict], day: str) -> None:
         console.print(Text(f"   {inc.get('summary', '')}"))
         fixes = inc.get("fixes") or []
         if fixes:
-            console.print(Text(f"   fix: {fix_line(fixes[0])}", style="green"))
-        console.print(Text(f"   id {inc.get('id', '')}  (vllm-sentinel report {inc.get('id', '')[:12]})",
-                           style="dim"))
+            inferred = str(fixes[0].get("current_source") or "").startswith("inferred")
+            console.print(Text(f"   fix: {fix_line(fixes[0])}" + ("  (current value inferred from the metrics)"
+                                                                   if inferred else ""), style="green"))
+        # an incident read from Prometheus carries the command that evaluates its window again
+        report = inc.get("report") or f"vllm-sentinel report {inc.get('id', '')[:12]}"
+        console.print(Text(f"   id {inc.get('id', '')}  ({report})", style="dim"))
 
 
 def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
-from vllm_sentinel.agent.cli.common import (DbOption, ParamsOption, RulesOption, check_format, db_path, err, fail, out,
-                                            print_json, window)
+from vllm_sentinel.agent.cli.common import (DbOption, ParamsOption, RulesOption, check_format, db_path, err, fail,
+                                            out, print_json, window)
+from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
+                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
+                                                        PrometheusConcurrencyOption, PrometheusOption,
+                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose as diagnose_window
+from vllm_sentinel.agent.diagnosis.remote import RecordingRulesMissing, diagnose_remote
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.promql.parser import PromQLError
+from vllm_sentinel.agent.promql.remote import RemoteEngine
+from vllm_sentinel.agent.promql.scope import format_selector
 from vllm_sentinel.agent.store.db import Store, StoreError
+from vllm_sentinel.collectors.prometheus import PrometheusError
+from vllm_sentinel.collectors.timefmt import iso_seconds
+from vllm_sentinel.reports.assemble_remote import assemble_remote
 from vllm_sentinel.reports.console import render_diagnosis
 from vllm_sentinel.reports.document import diagnose_markdown
 
@@ -32,9 +45,20 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
              rules: Optional[list[Path]] = RulesOption,
              params: Optional[Path] = ParamsOption,
-             db: Optional[Path] = DbOption) -> None:
+             db: Optional[Path] = DbOption,
+             prometheus: Optional[str] = PrometheusOption,
+             selector: Optional[str] = SelectorOption,
+             bearer_token_file: Optional[Path] = BearerTokenFileOption,
+             basic_auth_user: Optional[str] = BasicAuthUserOption,
+             basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
+             ca_file: Optional[Path] = CaFileOption,
+             insecure_skip_verify: bool = InsecureSkipVerifyOption,
+             prometheus_timeout: float = PrometheusTimeoutOption,
+             prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     check_format(fmt, ("table", "markdown", "json"))
+    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
     start, end = window(since, until)
     try:
         # --params is read once, here: the daemon gets its values, not the path to read again
@@ -42,6 +66,10 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
         pack = load_pack(rules, overrides)
     except (RuleFileError, OSError) as e:
         raise fail(str(e)) from None
+    if engine is not None:
+        doc = _remote_document(engine, start, end, instance, pack, since, fmt == "markdown", rules, params)
+        _print(doc, fmt)
+        return
     try:
         # a long window or a large fleet takes seconds: say what is happening (on stderr, so JSON stays clean)
         with err.status(f"evaluating {len(pack)} rule file(s) over {since} of history"):
@@ -49,12 +77,56 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
                                     overrides, markdown=fmt == "markdown")
     except (NoDataInWindow, StoreError, ApiError) as e:
         raise fail(str(e)) from None
+    _print(doc, fmt)
+
+
+def _print(doc: dict, fmt: str) -> None:
     if fmt == "json":
-        print_json(doc)
+        print_json({k: v for k, v in doc.items() if k != "markdown"})
     elif fmt == "markdown":
         sys.stdout.write(doc["markdown"])
     else:
         render_diagnosis(out, doc, fmt)
+
+
+def _remote_document(engine: RemoteEngine, start: int, end: int, instance: Optional[str], pack: list,
+                     since: str, markdown: bool, rules: Optional[list[Path]], params: Optional[Path]) -> dict:
+    """The diagnose document from a Prometheus, each incident with the `report` command that finds it again."""
+    # Prometheus' API reads whole seconds; a whole-second window is also one the report command can repeat
+    span = end - start
+    end = end // 1000 * 1000
+    start = end - span
+    try:
+        with err.status(escape(f"evaluating {len(pack)} rule file(s) over {since} of history in {engine.source}")):
+            doc = diagnose_remote(engine, start, end, instance, pack)
+            for inc in doc["incidents"]:
+                inc["report"] = report_command(engine, inc["id"], start, end, rules, params)
+            if markdown:
+                config = doc.get("config") or {}
+                doc["markdown"] = diagnose_markdown(None, doc, assemble_one=lambda inc: assemble_remote(
+                    engine, inc, now_ms=end, config=config.get(inc.get("instance") or ""), related=doc["incidents"]))
+    except (NoDataInWindow, PrometheusError, RecordingRulesMissing, PromQLError) as e:
+        raise fail(str(e)) from None
+    return doc
+
+
+def report_command(engine: RemoteEngine, incident_id: str, start: int, end: int, rules: Optional[list[Path]],
+                   params: Optional[Path] = None) -> str:
+    """The `vllm-sentinel report` line that re-evaluates this window in the same Prometheus and finds the id."""
+    words = ["vllm-sentinel", "report", incident_id[:12], "--prometheus", engine.client.url,
+             "--since", _duration(end - start), "--until", iso_seconds(end)]
+    if engine.selector:
+        words += ["--selector", format_selector(engine.selector)]
+    for r in rules or []:
+        words += ["--rules", str(r)]
+    if params is not None:
+        words += ["--params", str(params)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _duration(ms: int) -> str:
+    """A --since value for a span: 600000 -> '600s', 1500 -> '1500ms'."""
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def diagnose_document(db: Path, start_ms: int, end_ms: int, instance: Optional[str],

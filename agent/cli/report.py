@@ -15,11 +15,23 @@ from rich.markup import escape
 
 from vllm_sentinel.agent.alerts.rulefile import expand_rule_paths, load_rule_files
 from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
-from vllm_sentinel.agent.cli.common import DbOption, Exit, db_path, err, fail
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.alerts.ruleparams import load_params_file
+from vllm_sentinel.agent.cli.common import DbOption, Exit, ParamsOption, db_path, err, fail, window
+from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
+                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
+                                                        PrometheusConcurrencyOption, PrometheusOption,
+                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
+from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
+from vllm_sentinel.agent.diagnosis.remote import RecordingRulesMissing, RemoteIncidentNotFound, find_remote_incident
+from vllm_sentinel.agent.promql.parser import PromQLError
+from vllm_sentinel.agent.promql.remote import RemoteEngine
 from vllm_sentinel.agent.store.db import Store, StoreError
+from vllm_sentinel.collectors.prometheus import PrometheusError
 from vllm_sentinel.reports.assemble import IncidentNotFound, assemble
+from vllm_sentinel.reports.assemble_remote import assemble_remote
 from vllm_sentinel.reports.markdown import ReportData
 from vllm_sentinel.reports.write import WrittenReport, write_report
 
@@ -33,8 +45,26 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
            out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="reports go to OUT/<incident id>/report.md"),
            db: Optional[Path] = DbOption,
            rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule files or directories the incident's "
-                                                      "rule is in (default: the shipped rule pack)")) -> None:
+                                                      "rule is in (default: the shipped rule pack)"),
+           prometheus: Optional[str] = PrometheusOption,
+           since: str = typer.Option("1h", help="with --prometheus: the window diagnose evaluated, ending at --until"),
+           until: Optional[str] = typer.Option(None, help="with --prometheus: the window's end (RFC 3339 or Unix s)"),
+           params: Optional[Path] = ParamsOption,
+           selector: Optional[str] = SelectorOption,
+           bearer_token_file: Optional[Path] = BearerTokenFileOption,
+           basic_auth_user: Optional[str] = BasicAuthUserOption,
+           basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
+           ca_file: Optional[Path] = CaFileOption,
+           insecure_skip_verify: bool = InsecureSkipVerifyOption,
+           prometheus_timeout: float = PrometheusTimeoutOption,
+           prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
     """Write one incident's Markdown report and its chart PNGs; print their paths."""
+    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency,
+                           params=params, until=until)
+    if engine is not None:
+        _remote_report(engine, incident_id, window(since, until), rules, params, out_dir)
+        return
     path = db_path(db)
     rule_files = None
     if rules:
@@ -67,6 +97,31 @@ def report(incident_id: str = typer.Argument(..., help="incident id (a unique pr
         return
     written, data = answer.file
     # plain lines, never wrapped: scripts read these paths
+    typer.echo(str(written.markdown))
+    for png in written.charts:
+        typer.echo(str(png))
+    for line in [*data.missing, *written.missing]:
+        err.print(f"[yellow]not checked:[/] {escape(line)}", highlight=False)
+
+
+def _remote_report(engine: RemoteEngine, incident_id: str, span: tuple[int, int], rules: Optional[list[Path]],
+                   params: Optional[Path], out_dir: Path) -> None:
+    """Evaluate the window in the Prometheus again, find the incident by its stable id, write its report."""
+    start, end = span
+    try:
+        pack = load_pack(rules, load_params_file(params) if params else None)
+    except (RuleFileError, OSError) as e:
+        raise fail(str(e)) from None
+    try:
+        with err.status(escape(f"evaluating the window in {engine.source} to find incident {incident_id}")):
+            incident, config, found = find_remote_incident(engine, start, end, pack, incident_id)
+            data = assemble_remote(engine, incident, now_ms=end, config=config, related=found, rules=pack)
+        with err.status("drawing charts"):
+            written = write_report(data, out_dir)
+    except (RemoteIncidentNotFound, NoDataInWindow, PrometheusError, RecordingRulesMissing, PromQLError) as e:
+        raise fail(str(e)) from None
+    except OSError as e:
+        raise fail(f"cannot write the report under {out_dir}: {e}. Pick a writable --out.") from None
     typer.echo(str(written.markdown))
     for png in written.charts:
         typer.echo(str(png))

@@ -48,6 +48,7 @@ DEFAULT_HOLD_S = {
     "kv_cache_pressure": 105.0,
     "engine_stall": 115.0,
     "target_down": 50.0,
+    "load_imbalance": 105.0,
 }
 # after the condition ends, the sidecar needs a scrape or two (1 s interval) before the window closes
 SETTLE_S = 3.0
@@ -302,6 +303,35 @@ def target_down(server: VllmServer, seconds: float | None = None, say: Say = _qu
     run.detail["exit_code"] = server.stop()
     run.mark("down")
     time.sleep(down_s)
+    run.end_ms = now_ms()
+    return run
+
+
+def load_imbalance(busy: VllmServer, idle: VllmServer, seconds: float | None = None,
+                   say: Say = _quiet) -> ScenarioRun:
+    """Two replicas of one model behind a bad router: the queueing load on `busy`, one client on `idle`.
+
+    `busy` queues as in queue_blocking (32 clients for 4 slots) while `idle` serves one short request
+    at a time, so one replica's queue could fit in the other's free slots -> load_imbalance (and
+    queue_blocking on `busy`). Both servers must run the scenario settings and one served model name.
+    """
+    hold = seconds or DEFAULT_HOLD_S["load_imbalance"]
+    for server in (busy, idle):
+        if not server.is_running():
+            raise ScenarioError(f"the vLLM server at {server.url} is not running; start both replicas first")
+    if busy.model_name != idle.model_name:
+        raise ScenarioError(f"replicas serve one model: {busy.model_name!r} and {idle.model_name!r} differ")
+    run = ScenarioRun("load_imbalance", "load_imbalance", now_ms(), detail={"busy": busy.instance, "idle": idle.instance})
+    run.mark("load")
+    say(f"load_imbalance: 32 clients on {busy.instance}, 1 client on {idle.instance}, {hold:.0f} s")
+    heavy = BackgroundTraffic(busy.url, busy.model_name, queue_plan(hold)).start()
+    light = BackgroundTraffic(idle.url, idle.model_name, healthy_plan(hold)).start()
+    limit = hold + queue_plan(hold).request_timeout_s + 30
+    run.traffic = heavy.wait(limit)
+    idle_traffic = light.wait(limit)
+    run.detail["idle_traffic"] = {"ok": idle_traffic.ok, "failed": idle_traffic.failed}
+    run.mark("settle")
+    time.sleep(SETTLE_S)
     run.end_ms = now_ms()
     return run
 

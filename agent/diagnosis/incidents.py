@@ -28,8 +28,11 @@ from vllm_sentinel.agent.alerts.state import (FIRING, PENDING, AlertingRuleState
 # register_fix is the hook for a site's own fix computations; the 'not registered' message names it here
 from vllm_sentinel.agent.diagnosis.fix_registry import as_live_config, register_fix  # noqa: F401
 from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.promql.remote import instant_all, range_all
 from vllm_sentinel.agent.store.incidents_table import firing_incident_rows, incidents_overlapping, upsert_incidents
+from vllm_sentinel.collectors.prometheus import PrometheusError
 from vllm_sentinel.collectors.timefmt import iso_precise
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,8 @@ def compute_fixes(rule: Rule, config: Mapping[str, Any], evidence: Mapping[str, 
     """The rule's fix items, filled from `config` and the evidence values."""
     out = []
     for f in rule.fix:
-        current = config.get(f.param.lstrip("-").replace("-", "_"))
+        name = f.param.lstrip("-").replace("-", "_")
+        current = config.get(name)
         item = {"param": f.param, "current": None if current is None else str(current),
                 "suggested": f.suggest, "why": f.why}
         if f.compute:
@@ -61,8 +65,18 @@ def compute_fixes(rule: Rule, config: Mapping[str, Any], evidence: Mapping[str, 
                     if computed is None:
                         continue
                     item.update(current=computed.current, suggested=computed.suggested, why=computed.why)
+        source = _current_source(config, name, item["current"])
+        if source:
+            item["current_source"] = source  # where the current value came from: flag, engine, or inferred
         out.append(item)
     return out
+
+
+def _current_source(config: Mapping[str, Any], name: str, current: str | None) -> str | None:
+    """The configuration's source of `name` when the fix's current value is that configuration value."""
+    if current is None or not isinstance(config, LiveConfig) or not config.known(name):
+        return None
+    return config.source(name) if str(config.get(name)) == current else None
 
 
 # -- evidence ----------------------------------------------------------------------------------
@@ -297,13 +311,11 @@ def evaluate_window(store: Any, start_ms: int, end_ms: int, instance: str | None
                     rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,
                     engine_factory: Callable[[Any], Any] | None = None,
                     config_for: ConfigFor = _no_config) -> list[dict]:
-    """Incidents of the alerting rules inside (start_ms, end_ms], found by range evaluation.
+    """Incidents of the alerting rules inside (start_ms, end_ms], found by range evaluation over the store.
 
-    Each alert expression is evaluated once as a range query from `start_ms - for` (so an
-    alert already pending at the window start can fire inside it) to `end_ms`; the alert state
-    machine then steps through the result exactly as live evaluation would. An alert that reads
-    a recording rule's series the store lacks (history the sidecar never evaluated) runs on a
-    replay copy where the recording rules were evaluated first (agent/alerts/backfill.py).
+    An alert that reads a recording rule's series the store lacks (history the sidecar never
+    evaluated) runs on a replay copy where the recording rules were evaluated first
+    (agent/alerts/backfill.py). The evaluation itself is `evaluate_rules`.
     """
     factory = engine_factory or _default_engine
     groups = _groups_of(rules)
@@ -316,30 +328,79 @@ def evaluate_window(store: Any, start_ms: int, end_ms: int, instance: str | None
         overlay = replay_store(store, groups, first, end_ms, step_ms, factory)
     try:
         engine = factory(overlay if overlay is not None else store)
-        found: list[Incident] = []
-        for rule in alerts:
-            found.extend(_replay(rule, engine, start_ms, end_ms, step_ms))
-        out = []
-        for inc in found:
-            if instance is not None and inc.labels.get("instance") != instance:
-                continue
-            t = inc.peak_ms if inc.peak_ms is not None else inc.start_ms
-            inc.evidence = evidence_values(inc.rule, engine.instant, t, inc.labels)
-            values = {e["signal"]: e["value"] for e in inc.evidence}
-            inc.fixes = compute_fixes(inc.rule, config_for(inc.labels.get("instance")), values, inc.labels)
-            out.append(inc.as_dict())
+        return evaluate_rules(engine, start_ms, end_ms, instance, groups, step_ms, config_for)
     finally:
         if overlay is not None:
             overlay.close()
+
+
+def evaluate_rules(engine: Any, start_ms: int, end_ms: int, instance: str | None,
+                   rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,
+                   config_for: ConfigFor = _no_config) -> list[dict]:
+    """Incidents of the alerting rules inside (start_ms, end_ms], over any PromQL engine (local or remote).
+
+    Each alert expression is evaluated once as a range query from `start_ms - for` (so an alert
+    already pending at the window start can fire inside it) to `end_ms`, all of them at once where
+    the engine can; the alert state machine then steps through each result exactly as live
+    evaluation would. Evidence is read at each incident's peak, fixes computed from `config_for`.
+    """
+    alerts = _alerting_rules(_groups_of(rules))
+    queries = [(r.expr, _first_step(r, start_ms, step_ms), end_ms, step_ms) for r in alerts]
+    found: list[Incident] = []
+    for rule, series in zip(alerts, range_all(engine, queries)):
+        found.extend(_replay(rule, series, start_ms, end_ms, step_ms))
+    found = [i for i in found if instance is None or i.labels.get("instance") == instance]
+    asked = [(ev.expr, i.peak_ms if i.peak_ms is not None else i.start_ms) for i in found for ev in i.rule.evidence]
+    answered = _answered_in_order(_answers(engine, asked))
+    out = []
+    for inc in found:
+        inc.evidence = evidence_values(inc.rule, answered, 0, inc.labels)
+        values = {e["signal"]: e["value"] for e in inc.evidence}
+        inc.fixes = compute_fixes(inc.rule, config_for(inc.labels.get("instance")), values, inc.labels)
+        out.append(inc.as_dict())
     out.sort(key=lambda d: (d["start"], d["rule"], d["id"]))
     return out
 
 
-def _replay(rule: Rule, engine: Any, start_ms: int, end_ms: int, step_ms: int) -> list[Incident]:
+def _answers(engine: Any, asked: list[tuple[str, int]]) -> list[Any]:
+    """The instant queries' results in order; one that fails stands as its exception (evidence shows it missing)."""
+    try:
+        return instant_all(engine, asked)
+    except PrometheusError:
+        raise  # the remote source itself failed (unreachable, 5xx): the command fails, no silent gaps
+    except Exception:  # one bad evidence query must not cost the others: ask one by one
+        out: list[Any] = []
+        for expr, t in asked:
+            try:
+                out.append(engine.instant(expr, t))
+            except PrometheusError:
+                raise
+            except Exception as e:
+                out.append(e)
+        return out
+
+
+def _answered_in_order(answers: list[Any]) -> Callable[[str, int], Any]:
+    """A query function that hands out answers already fetched, in the order they were asked."""
+    pending = iter(answers)
+
+    def query(_expr: str, _t_ms: int) -> Any:
+        answer = next(pending)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    return query
+
+
+def _first_step(rule: Rule, start_ms: int, step_ms: int) -> int:
+    """The first evaluation of a rule's replay: `for` before the window, on the step grid (so repeated
+    diagnoses of overlapping windows agree)."""
+    return ((start_ms - rule.for_ms) // step_ms) * step_ms
+
+
+def _replay(rule: Rule, series: list[Any], start_ms: int, end_ms: int, step_ms: int) -> list[Incident]:
     """Step Prometheus' alert state machine over one range evaluation of the rule's expression."""
-    # align steps to the grid so repeated diagnoses of overlapping windows agree
-    first = ((start_ms - rule.for_ms) // step_ms) * step_ms
-    series = engine.range(rule.expr, first, end_ms, step_ms)
+    first = _first_step(rule, start_ms, step_ms)
     by_t: dict[int, list[tuple[dict[str, str], float]]] = {}
     for s in series:
         for t, v in s.points:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError
+from vllm_sentinel.agent.promql.remote import instant_all, range_all
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.events_table import last_scrape_errors
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
@@ -85,37 +87,61 @@ def health_summary(store: Store, start_ms: int, end_ms: int, instance: str | Non
     names = [i for i in instances_with_samples(store, start_ms, end_ms) if instance is None or i == instance]
     if not names:
         return []
+    return summaries(Engine(store), names, start_ms, end_ms, series_count_by_instance(store),
+                     last_scrape_errors(store, start_ms, end_ms))
+
+
+def summaries(engine: Any, names: list[str], start_ms: int, end_ms: int, counts: dict[str, int],
+              errors: dict[str, str]) -> list[InstanceSummary]:
+    """The InstanceSummary of each of `names` over (start_ms, end_ms], from any PromQL engine (store or remote)."""
     window_s = max(1, (end_ms - start_ms) // 1000)
-    engine = Engine(store)
     per: dict[str, dict[str, float | None]] = {n: {} for n in names}
-    for key, expr in SIGNALS.items():
-        try:
-            result = engine.instant(expr.format(w=window_s), end_ms)
-        except PromQLError:
-            result = []
+    keys = list(SIGNALS)
+    results = _each_or_empty(engine, [(SIGNALS[k].format(w=window_s), end_ms) for k in keys])
+    for key, result in zip(keys, results):
         for sample in result if isinstance(result, list) else []:
             inst = sample.labels.get("instance")
             if inst in per:
                 per[inst][key] = sample.value
-    counts = series_count_by_instance(store)
-    errors = last_scrape_errors(store, start_ms, end_ms)
     trends = _trends(engine, start_ms, end_ms, names)
     return [InstanceSummary(n, counts.get(n, 0), {k: per[n].get(k) for k in SIGNALS}, errors.get(n), trends[n])
             for n in names]
 
 
-def _trends(engine: Engine, start_ms: int, end_ms: int, names: list[str]) -> dict[str, dict[str, list]]:
+def _each_or_empty(engine: Any, queries: list[tuple[str, int]]) -> list[Any]:
+    """The instant queries' results in order, all at once where the engine can; a failing one reads as empty."""
+    try:
+        return instant_all(engine, queries)
+    except PromQLError:
+        pass
+    out: list[Any] = []
+    for q in queries:
+        try:
+            out.append(engine.instant(*q))
+        except PromQLError:
+            out.append([])
+    return out
+
+
+def _trends(engine: Any, start_ms: int, end_ms: int, names: list[str]) -> dict[str, dict[str, list]]:
     """TREND_POINTS values per signal and instance, each over its own step (None where no data)."""
     step_ms = max(1000, (end_ms - start_ms) // TREND_POINTS)
     # a rate needs at least two scrapes inside its window; 1 s scrapes make 15 s the smallest useful one
     step_s = max(15, step_ms // 1000)
     times = [end_ms - (TREND_POINTS - 1 - i) * step_ms for i in range(TREND_POINTS)]
     out: dict[str, dict[str, list]] = {n: {} for n in names}
-    for key, expr in TRENDS.items():
-        try:
-            result = engine.range(expr.format(s=step_s), times[0], times[-1], step_ms)
-        except PromQLError:
-            continue
+    keys = list(TRENDS)
+    queries = [(TRENDS[k].format(s=step_s), times[0], times[-1], step_ms) for k in keys]
+    try:
+        results = range_all(engine, queries)
+    except PromQLError:
+        results = []
+        for q in queries:
+            try:
+                results.append(engine.range(*q))
+            except PromQLError:
+                results.append([])
+    for key, result in zip(keys, results):
         for series in result:
             inst = series.labels.get("instance")
             if inst in out:

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm_sentinel.agent.alerts.rulemodel import RuleFile
 from vllm_sentinel.agent.diagnosis import liveconfig
-from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, evaluate_window
+from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, ConfigFor, evaluate_window
+from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
+from vllm_sentinel.agent.promql.engine import Engine
 
 LOOKBACK_MS = 300_000
 MAX_STEPS = 2_000  # per rule and window: 5 s steps up to ~2.8 h, coarser beyond (live incidents stay exact)
+
+
+def window_step(lo_ms: int, hi_ms: int) -> int:
+    """The evaluation step over [lo_ms, hi_ms]: the rules' 5 s, coarser (in 5 s units) past MAX_STEPS steps."""
+    return max(DEFAULT_STEP_MS, -(-(hi_ms - lo_ms) // MAX_STEPS) // DEFAULT_STEP_MS * DEFAULT_STEP_MS)
+
+
+def data_bounds(start_ms: int, end_ms: int, first_ms: int, last_ms: int) -> tuple[int, int]:
+    """The part of the window where anything can fire: the data's span plus the 5-minute lookback."""
+    return max(start_ms, first_ms - LOOKBACK_MS), min(end_ms, last_ms + LOOKBACK_MS)
+
+
+def store_config_for(store: Any, start_ms: int, end_ms: int, step_ms: int) -> ConfigFor:
+    """instance -> the configuration snapshot in force at `end_ms`; with none (an ingested dump), the
+    configuration the metrics show (agent/diagnosis/metrics_config.py), each inferred value said so."""
+    snapshots = liveconfig.config_for(store, end_ms)
+    inferred: dict[str, Any] = {}
+
+    def lookup(instance: str | None) -> Any:
+        snap = snapshots(instance)
+        if snap or instance is None:
+            return snap
+        if instance not in inferred:
+            inferred.update(metrics_configs(Engine(store), [instance], end_ms, step_ms, start_ms))
+        return inferred.get(instance) or {}
+    return lookup
 
 
 def pack_window_evaluator(pack: list[RuleFile]):
@@ -18,10 +48,10 @@ def pack_window_evaluator(pack: list[RuleFile]):
             return []
         # nothing fires where there is no data (5 min lookback aside): a `--since 30d` over an hour of
         # history costs an hour, and very long windows take coarser steps (bounded work)
-        lo, hi = max(start_ms, span[0] - LOOKBACK_MS), min(end_ms, span[1] + LOOKBACK_MS)
+        lo, hi = data_bounds(start_ms, end_ms, span[0], span[1])
         if lo >= hi:
             return []
-        step = max(DEFAULT_STEP_MS, -(-(hi - lo) // MAX_STEPS) // DEFAULT_STEP_MS * DEFAULT_STEP_MS)
+        step = window_step(lo, hi)
         return evaluate_window(store, lo, hi, instance, pack, step_ms=step,
-                               config_for=liveconfig.config_for(store, end_ms))
+                               config_for=store_config_for(store, lo, end_ms, step))
     return evaluate

@@ -9,6 +9,7 @@ window. Durations: tests/integration/README.md.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -19,22 +20,37 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon import client
+from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
+from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.daemon.paths import socket_path_for
+from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
 from vllm_sentinel.agent.demo.scenarios import ScenarioRun
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
+from vllm_sentinel.collectors.timefmt import iso_seconds
 
 pytestmark = pytest.mark.integration
 
 
+# Prometheus scrapes the same server beside the daemon; 3 s is the least interval that allows the
+# 3 s timeout a busy 2-core host needs (Prometheus refuses a timeout longer than the interval)
+PROMETHEUS_SCRAPE_S = 3
+EVALUATION_STEP_S = 5  # the rules' step, from both sources
+
+
 @dataclass
 class Rig:
-    """The shared server and the daemon watching it."""
+    """The shared server, the daemon watching it, and a real Prometheus scraping it at the same time."""
 
     server: VllmServer
     db: Path
     daemon: subprocess.Popen[str]
+    prometheus: PrometheusServer
+    runs: list[tuple[ScenarioRun, dict]]
 
 
 def _wait_for_daemon(db: Path, daemon: subprocess.Popen[str], timeout_s: float = 60) -> None:
@@ -56,6 +72,9 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
     server = VllmServer(scenarios.scenario_server_config(tiny_model_dir), log_path=server_log_dir / "scenarios.log")
     server.start()
     db = tmp_path_factory.mktemp("scenarios") / "sentinel.duckdb"
+    prometheus = PrometheusServer(db.parent / "prometheus", targets=[server.instance],
+                                  scrape_interval=f"{PROMETHEUS_SCRAPE_S}s", scrape_timeout=f"{PROMETHEUS_SCRAPE_S}s")
+    prometheus.start()
     daemon = subprocess.Popen([sys.executable, "-m", "vllm_sentinel", "run", "--target", server.url, "--db", str(db),
                                "--interval", "1s", "--metrics-port", "0",
                                # a busy 2-core CI host answers /metrics in over 1 s at times; a failed scrape
@@ -66,8 +85,9 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
     try:
         _wait_for_daemon(db, daemon)
         time.sleep(5)  # a few scrapes and the first configuration snapshot before any scenario
-        yield Rig(server, db, daemon)
+        yield Rig(server, db, daemon, prometheus, [])
     finally:
+        prometheus.stop()
         daemon.send_signal(signal.SIGTERM)
         try:
             daemon.wait(timeout=60)
@@ -84,12 +104,17 @@ def running(rig: Rig) -> VllmServer:
     return rig.server
 
 
-def diagnose(rig: Rig, run: ScenarioRun) -> dict:
-    """`vllm-sentinel diagnose --format json` over exactly the scenario's window (asks the running daemon)."""
+def diagnose(rig: Rig, run: ScenarioRun, source: list[str] | None = None, whole_seconds: bool = False) -> dict:
+    """`vllm-sentinel diagnose --format json` over exactly the scenario's window (asks the running daemon,
+    or the `source` given: ['--prometheus', URL])."""
     since = f"{(run.end_ms - run.start_ms) / 1000:.3f}s"
     until = f"{run.end_ms / 1000:.3f}"
+    if whole_seconds:  # the window Prometheus' API reads: whole seconds, covering the scenario
+        end = -(-run.end_ms // 1000)
+        since, until = f"{end - run.start_ms // 1000}s", iso_seconds(end * 1000)
     res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "diagnose", "--since", since, "--until", until,
-                          "--db", str(rig.db), "--format", "json"], capture_output=True, text=True, timeout=300)
+                          *(source or ["--db", str(rig.db)]), "--format", "json"],
+                         capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -135,6 +160,7 @@ def diagnosed(rig: Rig, record_property: Callable[[str, object], None],
     """Run one scenario on the shared server, diagnose exactly its window, and record its figures."""
     run = scenario(running(rig))
     doc = diagnose(rig, run)
+    rig.runs.append((run, doc))  # for test_prometheus_names_the_same_incidents, at the end
     record_property("scenario_seconds", round(run.seconds, 1))
     record_property("incidents", sorted({i["incident"] for i in doc["incidents"]}))
     return run, doc
@@ -183,6 +209,114 @@ def test_target_down(rig: Rig, record_property: Callable[[str, object], None]) -
     assert not rig.server.is_running()
     found = assert_labelled_with_fix(doc, run)
     assert all(_ms(i["start"]) >= run.phase("stopping") - 1000 for i in found), found
+
+
+# A condition that held only for a moment may fire from one source and not the other: scrapes land
+# at other times, so a gauge's max_over_time or a rate reads other samples. Such flickers are shorter
+# than this, or begin this close to the window's end; everything else must be named by both sources.
+FLICKER_MS = 30_000
+
+
+def _matched(inc: dict, others: list[dict], tolerance_ms: int) -> dict | None:
+    for o in others:
+        if (o["incident"], o["instance"]) == (inc["incident"], inc["instance"]) and \
+                abs(_ms(o["start"]) - _ms(inc["start"])) <= tolerance_ms:
+            return o
+    return None
+
+
+def _flicker(inc: dict, window_end_ms: int) -> bool:
+    end = _ms(inc["end"]) if inc.get("end") else window_end_ms
+    return end - _ms(inc["start"]) < FLICKER_MS or window_end_ms - _ms(inc["start"]) < FLICKER_MS
+
+
+def test_prometheus_names_the_same_incidents(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    """A real Prometheus scraped the server beside the sidecar through every scenario above. Over each
+    scenario's window, the rule pack evaluated by Prometheus (`diagnose --prometheus`) and replayed over
+    the sidecar's DuckDB name the same incidents for the same instance, starting within one evaluation
+    step plus one scrape interval, with the same fix values; `diagnose --db` (the daemon's live rows)
+    names the scenario's incident too."""
+    if not any(run.expected_incident for run, _doc in rig.runs):  # run alone (-k): one scenario of its own
+        running(rig)
+        rig.runs.append((scenarios.queue_blocking(rig.server), {}))
+    tolerance_ms = (EVALUATION_STEP_S + PROMETHEUS_SCRAPE_S) * 1000
+    compared, flickers, evidence_timing, live_lag = [], [], [], []
+    artifacts = os.environ.get("VLLM_SENTINEL_ARTIFACTS")
+    docs = []
+    for run, _doc in rig.runs:
+        if run.expected_incident is None:
+            continue
+        live = diagnose(rig, run, whole_seconds=True)
+        prom = diagnose(rig, run, ["--prometheus", rig.prometheus.url], whole_seconds=True)
+        assert prom["source"] == f"prometheus:{rig.prometheus.url}"
+        assert prom["instances"] == [rig.server.instance] == live["instances"]
+        for inc in incidents_named(live, run.expected_incident):
+            other = _matched(inc, incidents_named(prom, run.expected_incident), 10**9)
+            assert other is not None, f"{run.name}: the daemon's {inc['incident']} not in {prom['incidents']}"
+            live_lag.append((run.name, (_ms(inc["start"]) - _ms(other["start"])) / 1000))
+        docs.append((run, live, prom))
+    # the daemon's live rows are kept up to date after the window (later peaks, evidence, fixes) and
+    # start when its starved evaluation loop saw `for` elapse; the replay of its file is the same
+    # window evaluation Prometheus did, over the samples the sidecar stored
+    _stop_daemon(rig)
+    for run, live, prom in docs:
+        db = _replayed(rig, live["window"])
+        if artifacts:  # the documents, to study where the sources differ
+            Path(artifacts).mkdir(parents=True, exist_ok=True)
+            (Path(artifacts) / f"{run.name}.json").write_text(json.dumps({"live": live, "db": db, "prometheus": prom},
+                                                                         indent=1))
+        end_ms = _ms(live["window"]["end"])
+        for here, there, side in ((db, prom["incidents"], "prometheus"), (prom["incidents"], db, "the sidecar's db")):
+            for inc in here:
+                other = _matched(inc, there, tolerance_ms)
+                if other is None:
+                    assert inc["incident"] != run.expected_incident and _flicker(inc, end_ms), \
+                        f"{run.name}: {inc['incident']} at {inc['start']} not found by {side}: {there}"
+                    flickers.append(f"{run.name}:{inc['incident']}")
+                    continue
+                why = _fixes_agree(inc, other, prom["config"].get(inc["instance"]) or {})
+                if why:
+                    evidence_timing.append(f"{run.name}:{inc['incident']}: {why}")
+                compared.append((run.name, inc["incident"], abs(_ms(inc["start"]) - _ms(other["start"])) / 1000))
+        assert incidents_named(prom, run.expected_incident), f"{run.name}: prometheus: {prom['incidents']}"
+    record_property("compared", compared)
+    record_property("daemon_live_start_minus_prometheus_s", live_lag)
+    record_property("flickers", flickers)
+    record_property("fixes_from_evidence_at_other_peaks", evidence_timing)
+
+
+def _stop_daemon(rig: Rig) -> None:
+    """Stop the sidecar so this process may open its file (the rig's teardown is then a no-op)."""
+    if rig.daemon.poll() is None:
+        rig.daemon.send_signal(signal.SIGTERM)
+        rig.daemon.wait(timeout=60)
+
+
+def _replayed(rig: Rig, window: dict) -> list[dict]:
+    """The pack replayed over the sidecar's DuckDB for the window, as `diagnose --db` replays a file."""
+    start, end = _ms(window["start"]), _ms(window["end"])
+    with Store.open(rig.db, read_only=True) as store:
+        return pack_window_evaluator(load_pack())(store, start, end, None)
+
+
+def _fix_values(fixes: list[dict]) -> list[tuple]:
+    return [(f["param"], f["current"], f["suggested"]) for f in fixes]
+
+
+def _fixes_agree(a: dict, b: dict, inferred: dict) -> str:
+    """'' when both incidents carry the same fix values. Otherwise each side's evidence, put through the
+    configuration Prometheus inferred, must give that side's fixes: the fix arithmetic and the configuration
+    agree, and the evidence (read at each source's own peak of the alert value) is what differs; says which."""
+    if _fix_values(a["fixes"]) == _fix_values(b["fixes"]):
+        return ""
+    rule = next(r for f in load_pack() for r in f.rules if r.name == a["rule"])
+    cfg = LiveConfig(a["instance"], inferred.get("values", {}), inferred.get("sources", {}))
+    for inc in (a, b):
+        values = {e["signal"]: e["value"] for e in inc["evidence"]}
+        labels = {**inc["labels"], "instance": inc["instance"]}
+        assert _fix_values(compute_fixes(rule, cfg, values, labels)) == _fix_values(inc["fixes"]), (a, b, inferred)
+    differ = {e["signal"]: (e["value"], f["value"]) for e, f in zip(a["evidence"], b["evidence"]) if e["value"] != f["value"]}
+    return f"{_fix_values(a['fixes'])} vs {_fix_values(b['fixes'])}, evidence {differ}"
 
 
 def _ms(iso_time: str) -> int:

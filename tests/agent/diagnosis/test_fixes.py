@@ -171,3 +171,26 @@ def test_engine_stall_shortens_the_step_timeout_from_vllms_default():
     slow = compute("engine_stall", {}, {"itl_p99_seconds": 12.0})  # a slow model: 10 x its worst gap
     assert slow.suggested == "120"
     assert compute("engine_stall", {"execute_model_timeout_s": 60}, {}) is None  # already short: not the lever
+
+
+def test_load_imbalance_names_the_router_policy_with_the_numbers():
+    cfg = gpu_config("--max-num-seqs", "4")
+    f = compute("load_imbalance.router", cfg, {"waiting": 6, "running": 4, "idle_replicas": 2, "idle_running": 0.5,
+                                                "replicas": 3, "request_rate": 6.0, "fleet_request_rate": 8.0,
+                                                "queue_time_p95_seconds": 2.5})
+    assert f.param == "router policy" and f.suggested.startswith("least-loaded")
+    assert f.current == "75% of the model's requests to this replica (an even share is 33%)"
+    # 2 idle replicas x (4 - 0.5) free slots = 7 >= 6 waiting: the whole queue fits elsewhere
+    assert "6 requests wait here (2.5 s queue-time p95) while 2 of 3 replicas run 0.5" in f.why
+    assert "7 free sequence slots there (2 x (--max-num-seqs 4 - 0.5)) would take the whole queue" in f.why
+    assert "--routing-logic" in f.why and "llm-d" in f.why
+
+
+def test_load_imbalance_without_the_flag_uses_the_busiest_replicas_running_peak():
+    f = compute("load_imbalance.router", {}, {"waiting": 20, "running": 8, "idle_replicas": 1, "idle_running": 2})
+    assert "6 free sequence slots there (1 x (the 8 it runs at its cap - 2)) would take the whole queue in part" in f.why
+
+
+def test_load_imbalance_without_evidence_names_it():
+    f = compute("load_imbalance.router", {}, {"waiting": 20})
+    assert f.suggested is None and "evidence running" in f.why and "evidence idle_replicas" in f.why

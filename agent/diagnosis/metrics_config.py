@@ -1,0 +1,91 @@
+"""The live configuration of vLLM instances from their metrics alone, for when no command line is known.
+
+A fleet's Prometheus (or an ingested dump) holds `vllm:cache_config_info`, what the engine
+resolved: block size, KV blocks, cache dtype, prefix caching, and through kv_cache_size_tokens /
+kv_cache_max_concurrency the max model length. It does not hold the command line, so:
+
+* `--max-num-seqs` is inferred from behaviour: the most requests `vllm:num_requests_running`
+  showed while others waited and the KV cache had room. The scheduler admits no more than
+  --max-num-seqs, so a queue with KV room left means running is at the cap;
+* every other flag falls back to vLLM's default for the platform the cache info shows.
+
+Each such value's source says it is inferred and from what. Works over any PromQL engine (the
+DuckDB store's or a remote Prometheus), so both sources compute the same fixes from the same data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_sentinel.agent.diagnosis.liveconfig import CACHE_INFO_METRIC, LiveConfig, build_live_config
+from vllm_sentinel.agent.promql.remote import instant_all, range_all
+from vllm_sentinel.collectors.timefmt import iso_seconds
+
+# behaviour is read over at least this much history before the window's end
+INFER_HISTORY_MS = 3_600_000
+# "the KV cache had room": below this share used, running is capped by --max-num-seqs, not by KV blocks
+KV_ROOM = 0.9
+RUNNING_WHILE_QUEUED = (
+    "max by (instance) (vllm:num_requests_running)"
+    " and on (instance) (sum by (instance) (vllm:num_requests_waiting) > 0)"
+    f" and on (instance) (max by (instance) (vllm:kv_cache_usage_perc) < {KV_ROOM})"
+)
+NO_ARGV_METRICS = "the command line is not in the metrics"
+
+
+def _cache_info_by_instance(result: Any) -> dict[str, dict[str, str]]:
+    """The cache_config_info labels per instance (engine 0, else the lowest engine label)."""
+    out: dict[str, tuple[str, dict[str, str]]] = {}
+    for s in result if isinstance(result, list) else []:
+        labels = dict(s.labels)
+        inst = labels.get("instance")
+        if inst is None:
+            continue
+        engine = labels.get("engine", "")
+        if inst not in out or engine < out[inst][0]:
+            out[inst] = (engine, labels)
+    return {i: labels for i, (_e, labels) in out.items()}
+
+
+def _peaks(series: list[Any]) -> dict[str, float]:
+    """The highest value of each instance's series: [Series({instance: a}, [(t, 3), (t2, 4)])] -> {'a': 4}."""
+    out: dict[str, float] = {}
+    for s in series:
+        inst = dict(s.labels).get("instance")
+        values = [v for _t, v in s.points if v == v]
+        if inst is not None and values:
+            out[inst] = max(out.get(inst, float("-inf")), max(values))
+    return out
+
+
+def mark_inferred(cfg: LiveConfig) -> LiveConfig:
+    """Defaults taken without a command line are guesses: their sources say they are inferred."""
+    for name, src in list(cfg.sources.items()):
+        if src.startswith("default") and cfg.known(name):
+            cfg.sources[name] = f"inferred ({NO_ARGV_METRICS}): {src}"
+    return cfg
+
+
+def metrics_configs(engine: Any, instances: Sequence[str], end_ms: int, step_ms: int,
+                    start_ms: int | None = None) -> dict[str, LiveConfig]:
+    """Each instance's configuration at `end_ms` from its metrics over [min(start, end - 1 h), end_ms]."""
+    if not instances:
+        return {}
+    lo = min(end_ms - INFER_HISTORY_MS, start_ms if start_ms is not None else end_ms)
+    lo = lo // step_ms * step_ms
+    span_s = max(1, (end_ms - lo) // 1000)
+    [info] = instant_all(engine, [(f"last_over_time({CACHE_INFO_METRIC}[{span_s}s])", end_ms)])
+    [running] = range_all(engine, [(RUNNING_WHILE_QUEUED, lo, end_ms, step_ms)])
+    caches, peaks = _cache_info_by_instance(info), _peaks(running)
+    out = {}
+    for inst in instances:
+        cfg = build_live_config(inst, caches.get(inst), argv=None, ts_ms=end_ms)
+        peak = peaks.get(inst)
+        if peak is not None and peak >= 1:
+            cfg.set("max_num_seqs", int(peak),
+                    f"inferred from behaviour: at most {int(peak)} requests ran (vllm:num_requests_running) while others "
+                    f"waited and the KV cache was under {KV_ROOM:.0%} used, {iso_seconds(lo)} .. {iso_seconds(end_ms)}; "
+                    "the scheduler admits no more than --max-num-seqs")
+        out[inst] = mark_inferred(cfg)
+    return out

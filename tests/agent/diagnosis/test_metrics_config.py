@@ -1,0 +1,56 @@
+"""The configuration the metrics show when no command line is known: cache info, --max-num-seqs from
+behaviour, defaults said to be inferred."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
+from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.base import Batch
+
+T0 = 1_795_946_400_000
+CACHE = {"block_size": "128", "num_gpu_blocks": "8", "kv_cache_memory_bytes": "1073741824",
+         "user_specified_block_size": "False", "kv_cache_size_tokens": "1024", "kv_cache_max_concurrency": "2.0",
+         "enable_prefix_caching": "True", "engine": "0"}
+
+
+def store_with(tmp_path: Path, phases: list[tuple[int, float, float, float]]) -> Store:
+    """Scrapes every 5 s: (seconds, running, waiting, kv usage) held from that second on."""
+    store = Store.open(tmp_path / "s.duckdb")
+    batches = []
+    for k in range(0, 600, 5):
+        running, waiting, kv = next((r, w, u) for s, r, w, u in reversed(phases) if s <= k)
+        b = Batch(instance="a:8000", ts_ms=T0 + k * 1000)
+        b.add("vllm:num_requests_running", {"engine": "0", "model_name": "m"}, running)
+        b.add("vllm:num_requests_waiting", {"engine": "0", "model_name": "m"}, waiting)
+        b.add("vllm:kv_cache_usage_perc", {"engine": "0", "model_name": "m"}, kv)
+        b.add("vllm:cache_config_info", CACHE, 1.0)
+        batches.append(b)
+    store.append_many(batches)
+    return store
+
+
+def configured(store: Store):
+    return metrics_configs(Engine(store), ["a:8000"], T0 + 600_000, 5_000, T0)["a:8000"]
+
+
+def test_max_num_seqs_is_the_running_peak_while_requests_waited_with_kv_room(tmp_path: Path) -> None:
+    # a queue with KV room: running sits at the cap (4); then a full KV cache limits running to 2,
+    # and an idle stretch runs 6 at most once without anyone waiting: neither says anything about the cap
+    with store_with(tmp_path, [(0, 1, 0, 0.1), (100, 4, 3, 0.5), (300, 2, 5, 0.95), (400, 6, 0, 0.7)]) as store:
+        cfg = configured(store)
+    assert cfg.get("max_num_seqs") == 4
+    assert cfg.source("max_num_seqs").startswith("inferred from behaviour: at most 4 requests ran")
+    assert cfg.get("num_gpu_blocks") == 8 and cfg.source("num_gpu_blocks") == "cache_config_info"
+    assert cfg.get("max_model_len") == 512  # kv_cache_size_tokens / kv_cache_max_concurrency
+
+
+def test_without_a_queue_the_cap_falls_back_to_the_default_said_inferred(tmp_path: Path) -> None:
+    with store_with(tmp_path, [(0, 2, 0, 0.3)]) as store:
+        cfg = configured(store)
+    assert cfg.get("platform") == "cpu"  # told by the cache info (block 128, KV bytes set, not user-chosen)
+    assert cfg.get("max_num_seqs") == 128
+    assert cfg.source("max_num_seqs").startswith("inferred (the command line is not in the metrics): default")
+    assert cfg.source("block_size") == "cache_config_info"  # from the engine: not marked inferred
