@@ -16,10 +16,7 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
 from vllm_sentinel.agent.cli.common import (DbOption, ParamsOption, RulesOption, check_format, db_path, err, fail,
                                             out, print_json, window)
-from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
-                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
-                                                        PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
+from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose as diagnose_window
@@ -39,6 +36,7 @@ app = typer.Typer(add_completion=False)
 
 
 @app.command()
+@prometheus_options
 def diagnose(since: str = typer.Option("1h", help="window length, ending at --until"),
              until: Optional[str] = typer.Option(None, help="window end: RFC 3339 or Unix seconds (default: now)"),
              instance: Optional[str] = typer.Option(None, help="only this instance"),
@@ -46,19 +44,10 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              rules: Optional[list[Path]] = RulesOption,
              params: Optional[Path] = ParamsOption,
              db: Optional[Path] = DbOption,
-             prometheus: Optional[str] = PrometheusOption,
-             selector: Optional[str] = SelectorOption,
-             bearer_token_file: Optional[Path] = BearerTokenFileOption,
-             basic_auth_user: Optional[str] = BasicAuthUserOption,
-             basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
-             ca_file: Optional[Path] = CaFileOption,
-             insecure_skip_verify: bool = InsecureSkipVerifyOption,
-             prometheus_timeout: float = PrometheusTimeoutOption,
-             prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
+             remote: PrometheusArgs = PrometheusArgs()) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     check_format(fmt, ("table", "markdown", "json"))
-    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    engine = remote.engine(db)
     start, end = window(since, until)
     try:
         # --params is read once, here: the daemon gets its values, not the path to read again

@@ -1,14 +1,19 @@
 """`--prometheus URL` and its companions, defined once for every command that reads a fleet's Prometheus.
 
-A command takes the options below as parameters and calls `remote_engine(...)` to get a
-RemoteEngine (agent/promql/remote.py): the same PromQL interface as the local store's engine, so
-`diagnose`, `report` (and `compare`, `capacity`) evaluate the same way over either source.
+A command decorated with `@prometheus_options` gets the options below on its command line and receives
+them as one `remote: PrometheusArgs`; `remote.engine(db)` is a RemoteEngine (agent/promql/remote.py) with
+the same PromQL interface as the local store's engine, or None for the local file. So `diagnose`,
+`report`, `compare` and `capacity` evaluate the same way over either source.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
 import typer
 
@@ -33,6 +38,62 @@ PrometheusTimeoutOption = typer.Option(DEFAULT_TIMEOUT_S, "--prometheus-timeout"
                                        help="with --prometheus: seconds one request may take")
 PrometheusConcurrencyOption = typer.Option(DEFAULT_CONCURRENCY, "--prometheus-concurrency", min=1, max=64,
                                            help="with --prometheus: queries in flight at once")
+
+
+@dataclass(frozen=True)
+class PrometheusArgs:
+    """The --prometheus options as given on one command line."""
+
+    prometheus: Optional[str] = None
+    selector: Optional[str] = None
+    bearer_token_file: Optional[Path] = None
+    basic_auth_user: Optional[str] = None
+    basic_auth_password_file: Optional[Path] = None
+    ca_file: Optional[Path] = None
+    insecure_skip_verify: bool = False
+    prometheus_timeout: float = DEFAULT_TIMEOUT_S
+    prometheus_concurrency: int = DEFAULT_CONCURRENCY
+
+    def engine(self, db: Optional[Path], **remote_only: object) -> Optional[RemoteEngine]:
+        """The RemoteEngine for --prometheus, or None for the local file (see `remote_source`)."""
+        a = self
+        return remote_source(a.prometheus, db, a.selector, a.bearer_token_file, a.basic_auth_user,
+                             a.basic_auth_password_file, a.ca_file, a.insecure_skip_verify, a.prometheus_timeout,
+                             a.prometheus_concurrency, **remote_only)
+
+
+# each field's command-line option, in the order --help lists them
+_OPTIONS = {"prometheus": PrometheusOption, "selector": SelectorOption,
+            "bearer_token_file": BearerTokenFileOption, "basic_auth_user": BasicAuthUserOption,
+            "basic_auth_password_file": BasicAuthPasswordFileOption, "ca_file": CaFileOption,
+            "insecure_skip_verify": InsecureSkipVerifyOption, "prometheus_timeout": PrometheusTimeoutOption,
+            "prometheus_concurrency": PrometheusConcurrencyOption}
+_TYPES = {"prometheus": Optional[str], "selector": Optional[str], "bearer_token_file": Optional[Path],
+          "basic_auth_user": Optional[str], "basic_auth_password_file": Optional[Path], "ca_file": Optional[Path],
+          "insecure_skip_verify": bool, "prometheus_timeout": float, "prometheus_concurrency": int}
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def prometheus_options(command: Command) -> Command:
+    """Give a typer command the --prometheus options; it receives them as its `remote: PrometheusArgs`.
+
+    typer reads a command's options from its signature, so the wrapper shows the command's own
+    parameters (less `remote`) followed by these, and folds them back into one PrometheusArgs.
+    """
+    names = [f.name for f in fields(PrometheusArgs)]
+    own = [p for p in inspect.signature(command).parameters.values() if p.name != "remote"]
+    added = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_OPTIONS[n], annotation=_TYPES[n])
+             for n in names]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        remote = PrometheusArgs(**{n: kwargs.pop(n, getattr(PrometheusArgs, n)) for n in names})
+        return command(*args, remote=remote, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**{k: v for k, v in command.__annotations__.items() if k != "remote"}, **_TYPES}
+    return wrapper  # type: ignore[return-value]
 
 
 def remote_engine(url: str, selector: Optional[str] = None, bearer_token_file: Optional[Path] = None,

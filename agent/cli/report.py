@@ -18,10 +18,7 @@ from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import load_params_file
 from vllm_sentinel.agent.cli.common import DbOption, Exit, ParamsOption, db_path, err, fail, window
-from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
-                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
-                                                        PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
+from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
@@ -41,27 +38,18 @@ DEFAULT_OUT = Path("vllm-sentinel-reports")
 
 
 @app.command()
+@prometheus_options
 def report(incident_id: str = typer.Argument(..., help="incident id (a unique prefix is enough), as `diagnose` shows it"),
            out_dir: Path = typer.Option(DEFAULT_OUT, "--out", help="reports go to OUT/<incident id>/report.md"),
            db: Optional[Path] = DbOption,
            rules: Optional[list[Path]] = typer.Option(None, "--rules", help="rule files or directories the incident's "
                                                       "rule is in (default: the shipped rule pack)"),
-           prometheus: Optional[str] = PrometheusOption,
            since: str = typer.Option("1h", help="with --prometheus: the window diagnose evaluated, ending at --until"),
            until: Optional[str] = typer.Option(None, help="with --prometheus: the window's end (RFC 3339 or Unix s)"),
            params: Optional[Path] = ParamsOption,
-           selector: Optional[str] = SelectorOption,
-           bearer_token_file: Optional[Path] = BearerTokenFileOption,
-           basic_auth_user: Optional[str] = BasicAuthUserOption,
-           basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
-           ca_file: Optional[Path] = CaFileOption,
-           insecure_skip_verify: bool = InsecureSkipVerifyOption,
-           prometheus_timeout: float = PrometheusTimeoutOption,
-           prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
+           remote: PrometheusArgs = PrometheusArgs()) -> None:
     """Write one incident's Markdown report and its chart PNGs; print their paths."""
-    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency,
-                           params=params, until=until)
+    engine = remote.engine(db, params=params, until=until)
     if engine is not None:
         _remote_report(engine, incident_id, window(since, until), rules, params, out_dir)
         return
