@@ -41,6 +41,13 @@ class IncidentNotFound(LookupError):
     """No incident with this id (or id prefix) is in the store."""
 
 
+def incident_window(incident: dict, now_ms: int) -> tuple[int, tuple[int, int]]:
+    """An incident dict's start (ms) and the window its charts show, as of `now_ms`."""
+    start = parse_rfc3339_ms(incident["start"])
+    end = parse_rfc3339_ms(incident["end"]) if incident.get("end") else None
+    return start, chart_window(start, end, max(now_ms, end or start))
+
+
 def chart_window(start_ms: int, end_ms: int | None, now_ms: int) -> tuple[int, int]:
     """The charted range: the incident plus max(5 min, half its length) either side, never past now.
 
@@ -290,11 +297,8 @@ def assemble(store: Any, incident_id: str, *, now_ms: int, rules: Sequence[Any] 
 def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequence[Any] | None = None,
                       engine: Any = None, source: str = "") -> ReportData:
     """The report data of an incident dict (stored, or found by a window evaluation) read from `store`."""
-    start = parse_rfc3339_ms(incident["start"])
-    end = parse_rfc3339_ms(incident["end"]) if incident.get("end") else None
-    window = chart_window(start, end, max(now_ms, end or start))
+    start, window = incident_window(incident, now_ms)
     missing: list[str] = []
-
     exprs, descriptions, series = charted_evidence(store, incident, rules, window, engine, missing)
 
     config = None

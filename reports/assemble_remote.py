@@ -13,7 +13,7 @@ from typing import Any
 from vllm_sentinel.agent.promql.remote import RemoteEngine, instant_all
 from vllm_sentinel.agent.promql.scope import Matcher
 from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
-from vllm_sentinel.reports.assemble import RELATED_LIMIT, chart_window, charted_evidence, snapshot_from_config
+from vllm_sentinel.reports.assemble import RELATED_LIMIT, charted_evidence, incident_window, snapshot_from_config
 from vllm_sentinel.reports.markdown import ReportData
 
 NO_STACKS = ("Stacks: Prometheus holds metrics only; py-spy captures are taken by the sidecar (`vllm-sentinel run`) "
@@ -38,9 +38,7 @@ def assemble_remote(engine: RemoteEngine, incident: dict, *, now_ms: int, config
 
     `config` is the instance's entry of the remote diagnose document's `config` ({values, sources}).
     """
-    start = parse_rfc3339_ms(incident["start"])
-    end = parse_rfc3339_ms(incident["end"]) if incident.get("end") else None
-    window = chart_window(start, end, max(now_ms, end or start))
+    start, window = incident_window(incident, now_ms)
     missing: list[str] = []
     exprs, descriptions, series = charted_evidence(None, incident, rules, window, engine, missing)
     snapshot = None
