@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_sentinel.agent.alerts.explains import CausalLinks, causal_links
-from vllm_sentinel.agent.alerts.rulemodel import RuleFile
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup
 from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.diagnosis.episodes import DEFAULT_TOLERANCE_MS, link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, ConfigFor, evaluate_window
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
 from vllm_sentinel.agent.promql.engine import Engine
@@ -67,3 +68,11 @@ class PackWindowEvaluator:
 def pack_window_evaluator(pack: list[RuleFile]) -> PackWindowEvaluator:
     """diagnose's evaluator for `pack` (a callable carrying the pack's causal links)."""
     return PackWindowEvaluator(pack)
+
+
+def evaluate_episodes(store: Any, groups: list[RuleGroup], end_ms: int, step_ms: int,
+                      tolerance_ms: int | None = None) -> list[dict]:
+    """A rule test's episode_test runner: the incidents of `groups` over (0, end_ms] of `store`, linked
+    in episodes as `diagnose` links them (RuleFileError when the groups' links have a cycle)."""
+    found = evaluate_window(store, 0, end_ms, None, groups, step_ms=step_ms)
+    return link_episodes(found, causal_links(groups), DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms)
