@@ -113,3 +113,9 @@ def episodes_of(incidents: list[dict]) -> list[list[dict]]:
         else:
             out.append([inc])
     return out
+
+
+def explaining(incident: dict, incidents: list[dict]) -> list[tuple[str, str]]:
+    """(incident name, id) of each incident in `incidents` that `incident` is caused_by, in its order."""
+    names = {i.get("id"): str(i.get("incident") or "?") for i in incidents}
+    return [(names.get(c, "?"), c) for c in incident.get("caused_by") or []]
