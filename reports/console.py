@@ -1,7 +1,8 @@
 """Terminal rendering (rich) of the diagnose document and the daemon status.
 
 Built to be read at 3 a.m. in an 80-column terminal: incidents first, one block each (what,
-where, when, the sentence to act on, the first fix), then health per instance as rows of signals.
+where, when, the sentence to act on, the first fix), grouped by episode with the root causes
+first and their symptoms beneath, then health per instance as rows of signals.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from vllm_sentinel.agent.diagnosis.episodes import episodes_of, explaining
 from vllm_sentinel.collectors.timefmt import iso_seconds
 from vllm_sentinel.reports.sparkline import sparkline
 
@@ -57,27 +59,48 @@ def fix_line(fix: dict) -> str:
     return f"{param} {cur} -> {new}"
 
 
+def explained_by(inc: dict, incidents: list[dict]) -> str:
+    """'kv_cache_pressure c06a4ef9cd12, traffic_burst 5119cacc4f2a' for an incident's `caused_by` ids."""
+    return ", ".join(f"{name} {cid[:12]}" for name, cid in explaining(inc, incidents))
+
+
+def _render_incident(console: Console, inc: dict, day: str, incidents: list[dict]) -> None:
+    """One incident's block; a symptom is indented under its episode's root, marked with what explains it."""
+    sev = inc.get("severity", "")
+    symptom = bool(inc.get("caused_by"))
+    pad = "      " if symptom else "   "
+    head = Text("   - " if symptom else "")
+    head.append(f" {sev.upper()} ", style=SEVERITY_STYLE.get(sev, "bold"))
+    head.append(f" {inc.get('incident', '')} ", style="bold")
+    head.append(f"{inc.get('instance', '')}  ")
+    head.append(f"{_clock(inc.get('start'), day)} -> {_clock(inc.get('end'), day)}  {inc.get('state', '')}",
+                style="dim")
+    console.print(head)
+    console.print(Text(f"{pad}{inc.get('summary', '')}"))
+    fixes = inc.get("fixes") or []
+    if symptom:
+        # its own fixes stay in the JSON and its report: the cause's fix comes first
+        console.print(Text(f"{pad}explained by {explained_by(inc, incidents)}", style="yellow"))
+    elif fixes:
+        inferred = str(fixes[0].get("current_source") or "").startswith("inferred")
+        console.print(Text(f"{pad}fix: {fix_line(fixes[0])}" + ("  (current value inferred from the metrics)"
+                                                                if inferred else ""), style="green"))
+    # an incident read from Prometheus carries the command that evaluates its window again
+    report = inc.get("report") or f"vllm-sentinel report {inc.get('id', '')[:12]}"
+    console.print(Text(f"{pad}id {inc.get('id', '')}  ({report})", style="dim"))
+
+
 def render_incidents(console: Console, incidents: list[dict], day: str) -> None:
-    """One block per incident, newest last."""
-    console.print(Text(f"{len(incidents)} incident(s)", style="bold"))
-    for inc in incidents:
-        sev = inc.get("severity", "")
-        head = Text()
-        head.append(f" {sev.upper()} ", style=SEVERITY_STYLE.get(sev, "bold"))
-        head.append(f" {inc.get('incident', '')} ", style="bold")
-        head.append(f"{inc.get('instance', '')}  ")
-        head.append(f"{_clock(inc.get('start'), day)} -> {_clock(inc.get('end'), day)}  {inc.get('state', '')}",
-                    style="dim")
-        console.print(head)
-        console.print(Text(f"   {inc.get('summary', '')}"))
-        fixes = inc.get("fixes") or []
-        if fixes:
-            inferred = str(fixes[0].get("current_source") or "").startswith("inferred")
-            console.print(Text(f"   fix: {fix_line(fixes[0])}" + ("  (current value inferred from the metrics)"
-                                                                   if inferred else ""), style="green"))
-        # an incident read from Prometheus carries the command that evaluates its window again
-        report = inc.get("report") or f"vllm-sentinel report {inc.get('id', '')[:12]}"
-        console.print(Text(f"   id {inc.get('id', '')}  ({report})", style="dim"))
+    """One block per incident, by episode: its root causes with their fixes, the symptoms beneath them."""
+    episodes = episodes_of(incidents)
+    console.print(Text(f"{len(incidents)} incident(s) in {len(episodes)} episode(s)", style="bold"))
+    for episode in episodes:
+        if len(episode) > 1:
+            roots = [i for i in episode if not i.get("caused_by")]
+            console.print(Text(f"episode {str(episode[0].get('episode', ''))[:12]} on {episode[0].get('instance', '')}: "
+                               f"{len(roots)} root cause(s), {len(episode) - len(roots)} explained", style="bold"))
+        for inc in episode:
+            _render_incident(console, inc, day, incidents)
 
 
 def render_diagnosis(console: Console, doc: dict, fmt: str = "table") -> None:

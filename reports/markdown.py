@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+from vllm_sentinel.agent.diagnosis.episodes import explaining
 from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.charts import chart_filename
 from vllm_sentinel.reports.mdescape import escape_md, escape_md_with_code, fenced
@@ -206,6 +207,10 @@ def _title(data: ReportData) -> list[str]:
     if labels:
         meta.append("labels " + ", ".join(_code(f"{k}={v}") for k, v in sorted(labels.items())))
     lines += ["; ".join(meta), ""]
+    if inc.get("caused_by"):  # a symptom: what explains it comes first (names where the related list has them)
+        names = {cid: name for name, cid in explaining(inc, data.related)}
+        causes = ", ".join(f"{_code(names[c])} " * (c in names) + _code(c) for c in inc["caused_by"])
+        lines += [f"**Explained by:** {causes} (episode {_code(inc.get('episode', '?'))}): fix the cause first.", ""]
     return lines
 
 

@@ -4,7 +4,9 @@ Our keys (`description`, `references`, `evidence`, `fix`) become annotations hol
 (references one per line, evidence and fix as compact JSON), so `promtool check rules` accepts
 the files and a ruler keeps the information. Because promtool compares every annotation of a
 firing alert, the exported tests get the same annotations added to their expected alerts, and
-their `rule_files` point at the exported rules: `promtool test rules` then passes on them.
+their `rule_files` point at the exported rules: `promtool test rules` then passes on them. The
+causal links (`explains`) and the `episode_test` cases that check them mean nothing to a
+Prometheus: they are left out.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ def export_test(path: Path, target: Path, exported: dict[Path, Path], rules_by_a
                 raise ExportError(f"{path}: uses {m}, which is not among the exported rule files; export it too")
             new_files.append(_relative(dest, target.parent))
     data["rule_files"] = new_files
+    data["tests"] = [g for g in (_without_episode_cases(g) for g in data.get("tests") or []) if g is not None]
     for group in data.get("tests") or []:
         for case in (group or {}).get("alert_rule_test") or []:
             rules = rules_by_alert.get(case.get("alertname"), [])
@@ -176,6 +179,14 @@ def export_test(path: Path, target: Path, exported: dict[Path, Path], rules_by_a
                 ann = exp.get("exp_annotations") or {}
                 exp["exp_annotations"] = {**ann, **extras[0]}
     return data
+
+
+def _without_episode_cases(group: Any) -> Any:
+    """A test group without its episode_test cases (promtool refuses the key); None when nothing is left."""
+    if not isinstance(group, dict) or "episode_test" not in group:
+        return group
+    rest = {k: v for k, v in group.items() if k != "episode_test"}
+    return rest if rest.get("alert_rule_test") or rest.get("promql_expr_test") else None
 
 
 def _relative(dest: Path, start: Path) -> str:

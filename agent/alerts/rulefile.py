@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from yaml.nodes import Node
 
+from vllm_sentinel.agent.alerts.explains import causal_links
 from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleFileError
 from vllm_sentinel.agent.alerts.ruleparams import (ParamOverrides, ParamValues, param_text, read_params,
                                                    substitute_params)
@@ -70,7 +71,8 @@ def load_rule_files(paths: list[str | Path], params: ParamOverrides | ParamValue
     """Load several rule files (directories contribute their *.yaml / *.yml), collecting all problems.
 
     `params` overrides parameters the files declare; a name none of them declares is an error
-    naming the override's source and the declared names.
+    naming the override's source and the declared names. The files' `explains` links together
+    must have no cycle (agent/alerts/explains.py).
     """
     overrides = params if isinstance(params, ParamOverrides) else ParamOverrides(dict(params or {}))
     files: list[RuleFile] = []
@@ -87,6 +89,7 @@ def load_rule_files(paths: list[str | Path], params: ParamOverrides | ParamValue
     if unknown:
         raise RuleFileError([f"{overrides.source}: unknown parameter(s) {', '.join(unknown)}; the rule files declare: "
                              f"{', '.join(sorted(declared)) or 'none'}"])
+    causal_links(files)  # a cycle across files is only visible here
     return files
 
 

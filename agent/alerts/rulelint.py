@@ -13,9 +13,11 @@ def lint_rules(files: list[RuleFile], known_fixes: set[str] | None = None) -> li
 
     Alert names are unique, an alerting rule has `incident` and `severity` labels and a
     `summary` annotation, every rule file has its test file in tests/, and fix `compute` names
-    are registered (when `known_fixes` is given).
+    are registered (when `known_fixes` is given), and every incident an `explains` item names is
+    raised by some rule (a typo would link nothing).
     """
     problems: list[str] = []
+    raised = {r.incident for rf in files for r in rf.rules if r.is_alert and r.incident}
     first_seen: dict[str, Rule] = {}
     for rf in files:
         test = rule_test_path(Path(rf.path))
@@ -38,6 +40,11 @@ def lint_rules(files: list[RuleFile], known_fixes: set[str] | None = None) -> li
             if r.description and "description" in r.annotations:
                 problems.append(f"{r.where}: alert {r.name} has both a `description` key and a `description` "
                                 "annotation; keep one")
+            for item in r.explains:
+                for name in item.incidents:
+                    if name not in raised:
+                        problems.append(f"{r.where}: alert {r.name} explains {name!r}, which no rule raises "
+                                        f"(incidents: {', '.join(sorted(raised))})")
             if known_fixes is not None:
                 for f in r.fix:
                     if f.compute and f.compute not in known_fixes:

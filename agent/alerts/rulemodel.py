@@ -36,6 +36,15 @@ class RuleFix:
 
 
 @dataclass
+class Explains:
+    """A causal link, as Alertmanager's inhibit_rules: this rule's incident explains `incidents`
+    of the same episode whose labels in `equal` have the same values (absent on both counts as equal)."""
+
+    incidents: list[str]
+    equal: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Rule:
     """One alerting or recording rule, with where it was written."""
 
@@ -50,6 +59,7 @@ class Rule:
     references: list[str] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     fix: list[RuleFix] = field(default_factory=list)
+    explains: list[Explains] = field(default_factory=list)
     group: str = ""
     file: str = ""
     line: int = 0

@@ -14,7 +14,7 @@ import promql_parser
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from vllm_sentinel.agent.alerts.rulemodel import Evidence, Rule, RuleFix, RuleGroup
+from vllm_sentinel.agent.alerts.rulemodel import Evidence, Explains, Rule, RuleFix, RuleGroup
 from vllm_sentinel.agent.alerts.template_functions import TemplateError
 from vllm_sentinel.agent.alerts.templating import check_template
 from vllm_sentinel.collectors.timefmt import parse_prometheus_duration_ms
@@ -22,13 +22,15 @@ from vllm_sentinel.collectors.timefmt import parse_prometheus_duration_ms
 TOP_KEYS = ("groups", "params")
 GROUP_KEYS = ("name", "interval", "limit", "rules")
 PROMETHEUS_RULE_KEYS = ("record", "alert", "expr", "for", "keep_firing_for", "labels", "annotations")
-EXTRA_RULE_KEYS = ("description", "references", "evidence", "fix")
+EXTRA_RULE_KEYS = ("description", "references", "evidence", "fix", "explains")
 RULE_KEYS = PROMETHEUS_RULE_KEYS + EXTRA_RULE_KEYS
 EVIDENCE_KEYS = ("signal", "expr", "threshold", "unit", "description")
 FIX_KEYS = ("param", "suggest", "compute", "why")
+EXPLAINS_KEYS = ("incidents", "equal")
 
 _METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_INCIDENT_RE = _LABEL_NAME_RE  # incident ids are words: queue_blocking, gpu_fault
 
 
 class SchemaLoader:
@@ -190,6 +192,9 @@ class SchemaLoader:
             rule.evidence = [e for n in self.sequence(get("evidence"), "evidence") if (e := self.evidence(n, where))]
         if "fix" in keys:
             rule.fix = [f for n in self.sequence(get("fix"), "fix") if (f := self.fix(n, where))]
+        if "explains" in keys and kind == "alert":
+            rule.explains = [x for n in self.sequence(get("explains"), "explains")
+                             if (x := self.explains(n, where, rule.incident))]
         if kind == "record":
             for bad in ("annotations", "for", "keep_firing_for", *EXTRA_RULE_KEYS):
                 if bad in keys:
@@ -241,3 +246,37 @@ class SchemaLoader:
             return None
         vals = {k: self.string(keys[k][1], k) if k in keys else None for k in ("suggest", "compute", "why")}
         return RuleFix(param, vals["suggest"], vals["compute"], vals["why"])
+
+    def explains(self, node: Node, where: str, incident: str | None) -> Explains | None:
+        keys = self.mapping(node, EXPLAINS_KEYS, "an explains item")
+        if not isinstance(node, MappingNode):
+            return None
+        if not incident or not _INCIDENT_RE.match(incident):
+            self.err(node, f"{where}: explains needs the rule's own incident label as a plain word "
+                           "(labels: {incident: gpu_fault, ...})")
+            return None
+        items = self.sequence(keys["incidents"][1], f"{where}: explains incidents") if "incidents" in keys else []
+        if not items:
+            if "incidents" not in keys or isinstance(keys["incidents"][1], SequenceNode):
+                self.err(node, f"{where}: an explains item needs 'incidents', a list of the incidents this one "
+                               "explains (e.g. incidents: [queue_blocking])")
+            return None
+        names: list[str] = []
+        for n in items:
+            name = self.string(n, "an incident", required=True)
+            if name is None:
+                continue
+            if not _INCIDENT_RE.match(name):
+                self.err(n, f"{where}: explains: {name!r} is not an incident id (a word such as queue_blocking)")
+            elif name == incident:
+                self.err(n, f"{where}: explains: {incident} cannot explain itself; list the other incidents it causes")
+            else:
+                names.append(name)
+        equal: list[str] = []
+        for n in self.sequence(keys["equal"][1], f"{where}: explains equal") if "equal" in keys else []:
+            label = self.string(n, "a label name", required=True)
+            if label is not None and not _LABEL_NAME_RE.match(label):
+                self.err(n, f"{where}: explains equal: invalid label name {label!r} (e.g. equal: [instance])")
+            elif label is not None:
+                equal.append(label)
+        return Explains(names, equal)

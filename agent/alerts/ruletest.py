@@ -6,7 +6,8 @@ Same file format (`rule_files`, `evaluation_interval`, `group_eval_order`, `test
 0 up to the largest `eval_time`; an alert test at `eval_time` reads the state of the evaluation
 at the largest step <= `eval_time`), same verdicts, failure text and exit codes (0 pass, 1 fail)
 as promtool 2.42 (cmd/promtool/unittest.go). `--run` filters test groups by name and `--junit`
-writes a JUnit XML report, as later promtool versions do.
+writes a JUnit XML report, as later promtool versions do. A test group may also hold
+`episode_test` cases (agent/alerts/episodetest.py), which promtool does not know.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from vllm_sentinel.agent.alerts.episodetest import (CASE_KEYS, EPISODE_KEYS, EpisodeCaseError, EpisodeRunner,
+                                                   check_episode_case)
 from vllm_sentinel.agent.alerts.state import FIRING, GroupEvaluator, RuleEvalError, store_sink, to_vector
 from vllm_sentinel.agent.alerts.rulefile import load_rule_file
 from vllm_sentinel.agent.alerts.rulemodel import RuleFileError, RuleGroup
@@ -40,16 +43,19 @@ SUCCESS, FAILURE = 0, 1
 _SCHEMA: dict[str, tuple[str, ...]] = {
     "unitTestFile": ("rule_files", "evaluation_interval", "group_eval_order", "tests"),
     "testGroup": ("interval", "input_series", "alert_rule_test", "promql_expr_test", "external_labels",
-                  "external_url", "name"),
+                  "external_url", "name", "episode_test"),
     "series": ("series", "values"),
     "alertTestCase": ("eval_time", "alertname", "exp_alerts"),
     "alert": ("exp_labels", "exp_annotations"),
     "promqlTestCase": ("expr", "eval_time", "exp_samples"),
     "sample": ("labels", "value"),
+    "episodeTestCase": CASE_KEYS,
+    "episode": EPISODE_KEYS,
 }
 _CHILDREN = {("unitTestFile", "tests"): "testGroup", ("testGroup", "input_series"): "series",
              ("testGroup", "alert_rule_test"): "alertTestCase", ("alertTestCase", "exp_alerts"): "alert",
-             ("testGroup", "promql_expr_test"): "promqlTestCase", ("promqlTestCase", "exp_samples"): "sample"}
+             ("testGroup", "promql_expr_test"): "promqlTestCase", ("promqlTestCase", "exp_samples"): "sample",
+             ("testGroup", "episode_test"): "episodeTestCase", ("episodeTestCase", "exp_episodes"): "episode"}
 
 
 class TestFileError(ValueError):
@@ -190,8 +196,9 @@ def resolve_rule_files(base: Path, patterns: list[str]) -> tuple[list[Path], lis
 
 
 # -- running ----------------------------------------------------------------------------------
-def run_test_file(path: str | Path, run: list[str] | None = None) -> FileOutcome:
-    """Run every test group of one test file (those whose name matches a `run` regex, if given)."""
+def run_test_file(path: str | Path, run: list[str] | None = None, episodes: EpisodeRunner | None = None) -> FileOutcome:
+    """Run every test group of one test file (those whose name matches a `run` regex, if given);
+    `episodes` runs its episode_test cases (agent/diagnosis' grouping, passed in by the caller)."""
     path = Path(path)
     out = FileOutcome(str(path))
     try:
@@ -217,8 +224,8 @@ def run_test_file(path: str | Path, run: list[str] | None = None) -> FileOutcome
             continue
         started = time.perf_counter()
         try:
-            errs = _run_group(tg or {}, eval_interval, order, rule_paths)
-        except TestFileError as e:
+            errs = _run_group(tg or {}, eval_interval, order, rule_paths, episodes)
+        except (TestFileError, EpisodeCaseError) as e:
             errs = [str(e)]
         outcome = GroupOutcome(name or f"{path.name}#{index}", errs, time.perf_counter() - started)
         out.groups.append(outcome)
@@ -244,7 +251,7 @@ def _make_engine(store: Store) -> Any:
 
 
 def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
-               rule_paths: list[Path]) -> list[str]:
+               rule_paths: list[Path], episodes: EpisodeRunner | None = None) -> list[str]:
     interval = _duration(tg.get("interval"), "interval")
     group_name = tg.get("name") or ""
     store = Store.open(":memory:")
@@ -271,7 +278,11 @@ def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
         for at in alert_tests:
             by_time.setdefault(_duration(at.get("eval_time"), "eval_time"), []).append(at)
         times = sorted(by_time)
-        max_t = max([*times, *(_duration(p.get("eval_time"), "eval_time") for p in promql_tests)], default=0)
+        # episode cases read recording rules' output too: evaluate up to their times as well
+        episode_times = [_duration(c.get("eval_time"), "eval_time") for c in tg.get("episode_test") or []
+                         if isinstance(c, dict)]
+        max_t = max([*times, *(_duration(p.get("eval_time"), "eval_time") for p in promql_tests), *episode_times],
+                    default=0)
 
         errs: list[str] = []
         curr = 0
@@ -289,6 +300,8 @@ def _run_group(tg: dict[str, Any], eval_interval: int, order: dict[str, int],
             ts += eval_interval
         for pt in promql_tests:
             errs.extend(_check_expr(engine, pt))
+        for case in tg.get("episode_test") or []:
+            errs.extend(check_episode_case(case, episodes, store, groups, eval_interval, group_name))
         return errs
     finally:
         store.close()
@@ -351,9 +364,10 @@ def _check_expr(engine: Any, case: dict) -> list[str]:
 
 
 # -- reporting --------------------------------------------------------------------------------
-def run_tests(paths: list[str | Path], run: list[str] | None = None) -> tuple[int, list[FileOutcome]]:
+def run_tests(paths: list[str | Path], run: list[str] | None = None,
+              episodes: EpisodeRunner | None = None) -> tuple[int, list[FileOutcome]]:
     """Run test files; returns promtool's exit code (0 all passed, 1 otherwise) and the outcomes."""
-    outcomes = [run_test_file(p, run) for p in paths]
+    outcomes = [run_test_file(p, run, episodes) for p in paths]
     return (SUCCESS if all(o.ok for o in outcomes) else FAILURE), outcomes
 
 

@@ -21,6 +21,7 @@ from vllm_sentinel.agent.alerts.ruleparams import load_params_file
 from vllm_sentinel.agent.alerts.ruletest import junit_xml, promtool_lines, run_tests
 from vllm_sentinel.agent.cli.common import out, print_json
 from vllm_sentinel.agent.diagnosis.fixes import FIXES
+from vllm_sentinel.agent.diagnosis.window import evaluate_episodes
 from vllm_sentinel.collectors.timefmt import format_prometheus_duration_ms
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -54,7 +55,7 @@ def test(files: Optional[list[Path]] = typer.Argument(None, help="test files (de
         err.print("no test files given and none shipped in rules/tests/", highlight=False)
         raise typer.Exit(1)
     _check_test_inputs(paths, run)
-    code, outcomes = run_tests(paths, run)
+    code, outcomes = run_tests(paths, run, episodes=evaluate_episodes)
     for stream, line in promtool_lines(outcomes):
         (sys.stdout if stream == "out" else sys.stderr).write(line + "\n")
         (sys.stdout if stream == "out" else sys.stderr).flush()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vllm_sentinel.agent.alerts.explains import CausalLinks
 from vllm_sentinel.agent.diagnosis.captures import profile_of
+from vllm_sentinel.agent.diagnosis.episodes import link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
 from vllm_sentinel.agent.diagnosis.summary import health_summary
 from vllm_sentinel.agent.store.db import Store
@@ -21,8 +23,12 @@ class NoDataInWindow(Exception):
 
 
 def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = None, source: str = "",
-             evaluate_window: WindowEvaluator | None = None) -> dict:
-    """The diagnose document for (start_ms, end_ms]: window, source, instances, incidents, summary."""
+             evaluate_window: WindowEvaluator | None = None, links: CausalLinks | None = None) -> dict:
+    """The diagnose document for (start_ms, end_ms]: window, source, instances, incidents, summary.
+
+    Incidents come grouped in episodes (agent/diagnosis/episodes.py) by `links`, by default those
+    of the pack behind `evaluate_window` (its `links`, as `pack_window_evaluator` gives it).
+    """
     seen = instances_with_samples(store, start_ms, end_ms)
     if instance is not None:
         seen = [i for i in seen if i == instance]
@@ -33,7 +39,9 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         raise NoDataInWindow(f"no samples{wanted} between {iso_seconds(start_ms)} and {iso_seconds(end_ms)} "
                              f"in {store.path}; {have}. Widen --since/--until or check --db.")
     replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
-    incidents = merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed)
+    if links is None:
+        links = getattr(evaluate_window, "links", None)
+    incidents = link_episodes(merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed), links)
     for inc in incidents:
         profile = profile_of(store, inc["id"])
         if profile:

@@ -14,8 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_sentinel.agent.alerts.explains import causal_links
 from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
+from vllm_sentinel.agent.diagnosis.episodes import link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import evaluate_rules
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
@@ -138,6 +140,7 @@ def diagnose_remote(engine: RemoteEngine, start_ms: int, end_ms: int, instance: 
     Adds `config` (per instance: values and their sources, inferred ones said so) and `step_seconds`.
     """
     window, configs, incidents = remote_incidents(engine, start_ms, end_ms, instance, pack)
+    incidents = link_episodes(incidents, causal_links(pack))
     counts = _series_counts(engine, window)
     health = summaries(engine, window.instances, start_ms, end_ms, counts, {})
     return {

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_sentinel.agent.alerts.rulemodel import RuleFile
+from vllm_sentinel.agent.alerts.explains import CausalLinks, causal_links
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup
 from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.diagnosis.episodes import DEFAULT_TOLERANCE_MS, link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, ConfigFor, evaluate_window
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
 from vllm_sentinel.agent.promql.engine import Engine
@@ -40,9 +42,16 @@ def store_config_for(store: Any, start_ms: int, end_ms: int, step_ms: int) -> Co
     return lookup
 
 
-def pack_window_evaluator(pack: list[RuleFile]):
-    """diagnose's evaluator: the window replay, fixes computed from the configuration in force at its end."""
-    def evaluate(store, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
+class PackWindowEvaluator:
+    """diagnose's evaluator for a pack: the window replay, fixes computed from the configuration in
+    force at its end; `links` are the pack's causal links, for grouping what it finds in episodes."""
+
+    def __init__(self, pack: list[RuleFile]):
+        self.pack = pack
+        self.links: CausalLinks = causal_links(pack)
+
+    def __call__(self, store: Any, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
+        """Incidents of the pack in (start_ms, end_ms], in the diagnose JSON contract."""
         span = store.time_range()
         if span is None:
             return []
@@ -52,6 +61,18 @@ def pack_window_evaluator(pack: list[RuleFile]):
         if lo >= hi:
             return []
         step = window_step(lo, hi)
-        return evaluate_window(store, lo, hi, instance, pack, step_ms=step,
+        return evaluate_window(store, lo, hi, instance, self.pack, step_ms=step,
                                config_for=store_config_for(store, lo, end_ms, step))
-    return evaluate
+
+
+def pack_window_evaluator(pack: list[RuleFile]) -> PackWindowEvaluator:
+    """diagnose's evaluator for `pack` (a callable carrying the pack's causal links)."""
+    return PackWindowEvaluator(pack)
+
+
+def evaluate_episodes(store: Any, groups: list[RuleGroup], end_ms: int, step_ms: int,
+                      tolerance_ms: int | None = None) -> list[dict]:
+    """A rule test's episode_test runner: the incidents of `groups` over (0, end_ms] of `store`, linked
+    in episodes as `diagnose` links them (RuleFileError when the groups' links have a cycle)."""
+    found = evaluate_window(store, 0, end_ms, None, groups, step_ms=step_ms)
+    return link_episodes(found, causal_links(groups), DEFAULT_TOLERANCE_MS if tolerance_ms is None else tolerance_ms)

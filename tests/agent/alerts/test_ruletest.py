@@ -117,9 +117,10 @@ def test_cli_exit_codes_and_junit(tmp_path: Path) -> None:
 
 def test_shipped_rule_tests_pass() -> None:
     from vllm_sentinel.agent.alerts.rulepack import packaged_rules_dir
+    from vllm_sentinel.agent.diagnosis.window import evaluate_episodes
 
     tests = sorted((packaged_rules_dir() / "tests").glob("*.test.yaml"))
     assert tests
-    code, outcomes = run_tests(tests)
+    code, outcomes = run_tests(tests, episodes=evaluate_episodes)
     assert code == 0, "\n".join(e for o in outcomes for e in o.errors)
 

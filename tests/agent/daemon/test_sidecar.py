@@ -361,3 +361,38 @@ def test_a_collection_that_starts_late_shows_in_the_gap_histogram(tmp_path):
     assert count - value("bucket", le="2.0") >= 1  # the one after the stall started at least 2.5 s later
     # while it stalled, the due collections were skipped, not stacked behind it
     assert reg.get_sample_value("vllm_sentinel_collections_skipped_total", {"target": "stalling"}) >= 1
+
+
+LINKED_RULES = DOWN_RULE + (
+    "    explains:\n    - {incidents: [queue_blocking], equal: [instance]}\n"
+    "  - alert: Waiting\n    expr: up == 0\n    for: 1s\n"
+    "    labels: {incident: queue_blocking, severity: high}\n"
+    "    annotations: {summary: '{{ $labels.instance }} queues'}\n")
+
+
+def test_diagnose_links_episodes_through_the_daemon_and_from_the_file(tmp_path):
+    rules = tmp_path / "linked.yaml"
+    rules.write_text(LINKED_RULES)
+    db = tmp_path / "s.duckdb"
+    proc = start_daemon(db, "http://127.0.0.1:9", extra=("--eval-interval", "1s", "--rules", str(rules)))
+    docs = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not docs:
+            time.sleep(0.5)
+            res = cli("diagnose", "--since", "2m", "--db", str(db), "--format", "json")  # the daemon's own rules
+            doc = json.loads(res.stdout) if res.returncode == 0 else {"incidents": []}
+            docs = [doc] if len(doc["incidents"]) == 2 else []
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert docs, "the daemon never had both incidents"
+    res = cli("diagnose", "--since", "2m", "--db", str(db), "--rules", str(rules), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    docs.append(json.loads(res.stdout))
+    assert docs[0]["source"].startswith("daemon:") and docs[1]["source"] == f"duckdb:{db}"
+    for doc in docs:
+        down, waiting = doc["incidents"]  # the root first
+        assert (down["incident"], down["caused_by"]) == ("target_down", [])
+        assert (waiting["incident"], waiting["caused_by"]) == ("queue_blocking", [down["id"]])
+        assert down["episode"] == waiting["episode"]

@@ -85,7 +85,10 @@ def test_prometheus_names_the_same_incidents_with_the_same_evidence_and_fixes(lo
             assert close(er["value"], el["value"]), (r["incident"], er["signal"], er["value"], el["value"])
         assert r["fixes"] == l["fixes"], r["incident"]
         assert r["summary"] == l["summary"] and close(r["peak"], l["peak"])
+        assert (r["episode"], r["caused_by"]) == (l["episode"], l["caused_by"]), r["incident"]
     kv = next(i for i in remote["incidents"] if i["incident"] == "kv_cache_pressure")
+    queue = next(i for i in remote["incidents"] if i["incident"] == "queue_blocking")
+    assert kv["caused_by"] == [] and kv["id"] in queue["caused_by"]  # the cause first, from Prometheus too
     [fix] = kv["fixes"]
     assert (fix["param"], fix["current"], fix["suggested"]) == ("--max-num-seqs", "4", "3")  # the server ran with 4
     assert fix["current_source"].startswith("inferred from behaviour: at most 4 requests ran")
