@@ -17,11 +17,13 @@ LEVEL_COLUMNS = [
     ("tokens_per_s", "tok/s", "{:.0f}"),
     ("running_mean", "running", "{:.1f}"),
     ("littles_law_concurrency", "L=λW", "{:.1f}"),
-    ("ttft_p95_seconds", "TTFT p95", "{:.3f}s"),
+    ("ttft_p95_seconds", "TTFT p95", "{:.2f}s"),
     ("tpot_p95_seconds", "TPOT p95", "{:.3f}s"),
-    ("queue_time_p95_seconds", "queue p95", "{:.3f}s"),
+    ("queue_time_p95_seconds", "queue p95", "{:.2f}s"),
     ("requests", "n", "{:.0f}"),
 ]
+# an 80-column terminal holds these; Markdown has them all
+CONSOLE_COLUMNS = [c for c in LEVEL_COLUMNS if c[0] not in ("tokens_per_s", "queue_time_p95_seconds")]
 
 
 def _n(v: float | None, unit: str = "") -> str:
@@ -70,21 +72,21 @@ def render_capacity(console: Console, doc: dict) -> None:
     for line in headline(doc):
         console.print(escape(line), highlight=False)
     table = Table(title=f"load levels ({doc['bin_seconds']:g} s bins, per instance)", title_justify="left")
-    for _, column, _ in LEVEL_COLUMNS:
+    for _, column, _ in CONSOLE_COLUMNS:
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("SLO")
+    table.add_column("SLO", no_wrap=True)
     for lv in doc["levels"]:
-        table.add_row(*[fmt_value(lv.get(k), f) for k, _, f in LEVEL_COLUMNS], _verdict(lv, doc))
+        table.add_row(*[fmt_value(lv.get(k), f) for k, _, f in CONSOLE_COLUMNS], _verdict(lv, doc))
     console.print(table)
 
 
 def _verdict(level: dict, doc: dict) -> str:
     if not level["judged"]:
-        return "too few requests"
+        return "n too small"
     o = doc["objectives"]
     missed = [name for key, name in (("ttft_p95_seconds", "TTFT"), ("tpot_p95_seconds", "TPOT"))
               if level.get(key) is not None and level[key] > o[key]]
-    return "missed " + ", ".join(missed) if missed else "met"
+    return "miss " + "+".join(missed) if missed else "met"
 
 
 def capacity_markdown(doc: dict, chart: str | None = None) -> str:
