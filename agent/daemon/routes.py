@@ -75,8 +75,8 @@ def daemon_route_capture() -> Route:
 def daemon_route_capacity() -> Route:
     """The daemon's /v1/capacity handler: capacity's document over its own file (the CLI sends a CapacityQuery)."""
     def handle(store: Store, params: dict) -> dict:
-        query = clamp_to_data(CapacityQuery.from_params(params), store.time_range())
         try:
+            query = clamp_to_data(CapacityQuery.from_params(params), store.time_range())
             return capacity(Engine(store), query, source=f"duckdb:{store.path}")
         except NoLoadInWindow as e:
             return {"no_data": str(e)}

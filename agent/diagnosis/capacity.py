@@ -65,11 +65,14 @@ class CapacityQuery:
 
 
 def clamp_to_data(query: CapacityQuery, span: tuple[int, int] | None) -> CapacityQuery:
-    """The query's window cut to the data a store holds (a `--since 30d` over an hour costs an hour)."""
-    if span is None:
-        return query
+    """The query's window cut to the data a store holds (a `--since 30d` over an hour costs an hour);
+    NoLoadInWindow when they do not meet."""
+    if span is None or query.end_ms < span[0] or query.start_ms > span[1]:
+        have = f"it holds {iso_seconds(span[0])} .. {iso_seconds(span[1])}" if span else "it is empty"
+        raise NoLoadInWindow(f"no samples between {iso_seconds(query.start_ms)} and {iso_seconds(query.end_ms)}; "
+                             f"{have}. Widen --since/--until or check --db.")
     start = max(query.start_ms, span[0] - query.bin_ms)
-    return replace(query, start_ms=start, end_ms=max(start, min(query.end_ms, span[1] + query.bin_ms)))
+    return replace(query, start_ms=start, end_ms=min(query.end_ms, span[1] + query.bin_ms))
 
 
 def capacity(engine: Any, query: CapacityQuery, source: str = "") -> dict:
