@@ -222,7 +222,8 @@ def test_capacity_over_the_recorded_history(rig: Rig, record_property: Callable[
     record_property("capacity", {"healthy_rps": round(healthy, 2), "queue_rps": round(queued, 2), "coverage": cov,
                                  "slo_point": slo, "knee": doc["knee"], "replicas": doc["replicas"]})
     assert queued > 2 * healthy, (healthy, queued)
-    assert cov["request_rate_min_per_s"] <= healthy and cov["request_rate_max_per_s"] >= 0.8 * queued, cov
+    # bins are 30 s of counters, the generator's rate its own span: within a quarter of each other
+    assert cov["request_rate_min_per_s"] <= 1.25 * healthy and cov["request_rate_max_per_s"] >= 0.8 * queued, cov
     assert "covers" in cov["statement"] and "nothing above that was observed" in cov["statement"], cov
     assert slo is not None, doc["levels"]
     assert cov["request_rate_min_per_s"] <= slo["request_rate_per_s"] <= cov["request_rate_max_per_s"], (slo, cov)
