@@ -81,8 +81,8 @@ def capacity(engine: Any, query: CapacityQuery, source: str = "") -> dict:
     if not bins:
         wanted = f" for instance {query.instance}" if query.instance else ""
         raise NoLoadInWindow(f"no completed requests{wanted} (vllm:request_success_total) between "
-                             f"{iso_seconds(query.start_ms)} and {iso_seconds(query.end_ms)} in {source or 'the source'}; "
-                             "widen --since/--until or check --db / --prometheus")
+                             f"{iso_seconds(query.start_ms)} and {iso_seconds(query.end_ms)} in "
+                             f"{source or 'the source'}; widen --since/--until or check --db / --prometheus")
     levels = load_levels(bins)
     slo = slo_point(levels, query)
     observed_peak = fleet_peak(bins)

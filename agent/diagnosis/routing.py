@@ -61,7 +61,7 @@ class LengthSplit:
         return asdict(self)
 
     def summary(self) -> str:
-        """One line: 'prompts <= 200 tokens -> short pool (--max-num-batched-tokens 512 ...); longer -> long pool (...)'."""
+        """One line: 'prompts <= 200 tokens -> short pool (--max-num-batched-tokens 512 ...); longer -> ...'."""
         return (f"prompts <= {readable(self.cut_tokens)} tokens -> short pool ({self.short.flags()}); "
                 f"longer -> long pool ({self.long.flags()})")
 

@@ -208,7 +208,7 @@ def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) 
 def test_capacity_over_the_recorded_history(rig: Rig, record_property: Callable[[str, object], None]) -> None:
     """`capacity --format json` over all the daemon recorded: light load met the objectives, queueing is the top."""
     loads = {run.name: run for run, _ in rig.runs}
-    assert {"healthy", "queue_blocking"} <= set(loads), "select the load scenarios too: -k 'healthy or queue or capacity'"
+    assert {"healthy", "queue_blocking"} <= set(loads), "select the load scenarios too: -k 'healthy or queue or capac'"
     target = 1000.0  # far above anything a 2-core host serves: replicas must be flagged as extrapolated
     res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "capacity", "--since", "2h", "--db", str(rig.db),
                           "--target-rps", str(target), "--format", "json"], capture_output=True, text=True, timeout=300)
