@@ -200,3 +200,45 @@ def render_chart(signal: str, series: Sequence[LabeledSeries], out_dir: str | Pa
     data = chart_data(signal, series, window_ms=window_ms, incident_ms=incident_ms, threshold=threshold,
                       unit=unit, description=description)
     return draw_chart(data, Path(out_dir) / chart_filename(signal)), data
+
+
+def draw_load_latency_chart(data: dict, path: str | Path) -> Path:
+    """A load-latency PNG (reports/capacity.py load_latency_data): one panel per latency signal, request rate
+    on x, bins as dots, load levels as a line, the objective dashed, SLO point and knee as vertical lines."""
+    _mdates, plt, FuncFormatter = _matplotlib()  # noqa: N806 (the class, under its own name)
+    path = Path(path)
+    panels = data["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI, squeeze=False)
+    try:
+        for ax, panel in zip(axes[0], panels):
+            ys = [y for _, y in panel["bins"] + panel["levels"]] + [panel["objective"]]
+            unit, factor = display_unit("s", max(ys))
+            if panel["bins"]:
+                ax.scatter([x for x, _ in panel["bins"]], [y * factor for _, y in panel["bins"]], s=10,
+                           color="#1f77b4", alpha=0.45, label="bins")
+            if panel["levels"]:
+                ax.plot([x for x, _ in panel["levels"]], [y * factor for _, y in panel["levels"]], color="#1f77b4",
+                        marker="o", lw=1.8, ms=5, label="load levels")
+            ax.axhline(panel["objective"] * factor, color="#555555", ls="--", lw=1.2,
+                       label=f"objective {_fmt_number(panel['objective'] * factor)} {unit}")
+            if data.get("slo_point_rate") is not None:
+                ax.axvline(data["slo_point_rate"], color="#2ca02c", lw=1.4, label="SLO point")
+            if data.get("knee_rate") is not None:
+                ax.axvline(data["knee_rate"], color="#d62728", ls=":", lw=1.4, label="knee")
+            ax.set_title(panel["title"], loc="left", fontsize=11)
+            ax.set_xlabel("completed requests/s per instance", fontsize=9)
+            ax.set_ylabel(f"{panel['title']} ({unit})", fontsize=9)
+            ax.set_xlim(left=0)
+            ax.set_ylim(bottom=0)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _fmt_number(v)))
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=8)
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+        axes[0][0].legend(fontsize=7, loc="best", frameon=False)
+        fig.suptitle(data.get("title", ""), fontsize=10, x=0.01, ha="left")
+        fig.tight_layout()
+        fig.savefig(path, format="png", metadata={"Software": None})
+    finally:
+        plt.close(fig)
+    return path

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides
+from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, NoLoadInWindow, capacity, clamp_to_data
 from vllm_sentinel.agent.diagnosis.captures import capture_and_store
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose
+from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.reports.assemble import IncidentNotFound
 from vllm_sentinel.reports.document import diagnose_markdown
@@ -67,4 +69,15 @@ def daemon_route_capture() -> Route:
         profiler_s = params.get("profiler_s")
         return capture_and_store(store, params["target"], params.get("kind", "dump"),
                                  int(params.get("duration_s", 3)), float(profiler_s) if profiler_s else None)
+    return handle
+
+
+def daemon_route_capacity() -> Route:
+    """The daemon's /v1/capacity handler: capacity's document over its own file (the CLI sends a CapacityQuery)."""
+    def handle(store: Store, params: dict) -> dict:
+        try:
+            query = clamp_to_data(CapacityQuery.from_params(params), store.time_range())
+            return capacity(Engine(store), query, source=f"duckdb:{store.path}")
+        except NoLoadInWindow as e:
+            return {"no_data": str(e)}
     return handle

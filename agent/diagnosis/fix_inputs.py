@@ -12,6 +12,18 @@ from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
 # keep a tenth of the KV cache free: requests grow while they decode, and preemption is expensive
 KV_HEADROOM = 0.9
+# vLLM's maximum practical step budget (the largest default, engine/arg_utils.py:2923)
+MAX_BATCHED_TOKENS = 16384
+
+
+def round_down(x: float, step: int) -> int:
+    """x down to a multiple of `step`, at least `step`: round_down(1000, 256) -> 768."""
+    return max(step, int(x // step) * step)
+
+
+def round_up(x: float, step: int) -> int:
+    """x up to a multiple of `step`, at least `step`: round_up(1000, 256) -> 1024."""
+    return max(step, -(-int(math.ceil(x)) // step) * step)
 
 
 def evidence_value(evidence: Mapping[str, float | None], name: str) -> float | None:

@@ -17,6 +17,8 @@ Evidence values are read by signal name (a rule's `evidence: [{signal: NAME, exp
 | kv_usage | max_over_time(vllm:kv_cache_usage_perc[5m]) (0..1) |
 | queue_time_p95_seconds, ttft_p95_seconds, tpot_p95_seconds | histogram_quantile(0.95, ...) |
 | ttft_slo_seconds, tpot_slo_seconds | the configured objective (the rule's threshold) |
+| prompt_tokens_p25 .. prompt_tokens_p99 | histogram_quantile(q, rate(vllm:request_prompt_tokens_bucket[2m])) |
+| prompt_spread_ratio | the p95/median prompt-length ratio from which prompts count as bimodal (rule param) |
 | iteration_tokens_p95 | histogram_quantile(0.95, rate(vllm:iteration_tokens_total_bucket[5m])) |
 | gpu_memory_used_ratio | max_over_time(DCGM_FI_DEV_FB_USED / (FB_USED + FB_FREE)) (0..1) |
 | replicas | instances serving the same model (count by model_name(up)) |

@@ -5,13 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from vllm_sentinel.agent.diagnosis.fix_inputs import cannot_compute, evidence_value, readable, seqs_that_fit, signals
+from vllm_sentinel.agent.diagnosis.fix_inputs import (MAX_BATCHED_TOKENS, cannot_compute, evidence_value, readable,
+                                                      round_down, seqs_that_fit, signals)
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
-
-# vLLM's maximum practical step budget (the largest default, engine/arg_utils.py:2923)
-MAX_BATCHED_TOKENS = 16384
-
+from vllm_sentinel.agent.diagnosis.routing import cdf_from_quantiles, split_by_length
 
 # -- queue_blocking --------------------------------------------------------------------------------
 
@@ -62,10 +60,6 @@ def queue_replicas(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix
 
 # -- prefill_hol_blocking --------------------------------------------------------------------------
 
-def _round_down(x: float, step: int) -> int:
-    return max(step, int(x // step) * step)
-
-
 @register_fix("prefill_hol_blocking", "prefill_hol_blocking.max_num_batched_tokens")
 def prefill_max_num_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
     """Lower --max-num-batched-tokens so one long prompt's chunk cannot fill a whole step."""
@@ -75,7 +69,7 @@ def prefill_max_num_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float
     if cfg.get("enable_chunked_prefill") is False:
         return None  # without chunking the budget must hold a whole prompt: enable chunked prefill first
     floor = max(512, int(cfg.get("max_num_seqs", 0)))  # vLLM requires >= max_num_seqs
-    suggested = max(floor, _round_down(current / 2, 256))
+    suggested = max(floor, round_down(current / 2, 256))
     if suggested >= current:
         return None
     p95 = evidence_value(evidence, "iteration_tokens_p95")
@@ -109,7 +103,7 @@ def prefill_long_threshold(cfg: LiveConfig, evidence: Mapping[str, float | None]
     if budget is None:
         return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a threshold")
     bs = int(cfg.get("block_size", 16))
-    suggested = _round_down(budget / 4, bs)
+    suggested = round_down(budget / 4, bs)
     if current and current <= suggested:
         return None
     return Fix(param, str(current if current is not None else 0), str(suggested),
@@ -118,6 +112,29 @@ def prefill_long_threshold(cfg: LiveConfig, evidence: Mapping[str, float | None]
                f"a quarter of it ({readable(budget)} / 4, multiple of block size {bs}) = {readable(suggested)} "
                "leaves room for "
                "short prompts in every step")
+
+
+# quantiles of the prompt-length histogram a rule's evidence carries (signal prompt_tokens_pNN)
+PROMPT_QUANTILE_SIGNALS = {0.25: "prompt_tokens_p25", 0.5: "prompt_tokens_p50", 0.75: "prompt_tokens_p75",
+                           0.9: "prompt_tokens_p90", 0.95: "prompt_tokens_p95", 0.99: "prompt_tokens_p99"}
+
+
+@register_fix("prefill_hol_blocking.length_routing")
+def prefill_length_routing(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Split traffic into a short and a long pool by prompt length when the lengths are bimodal."""
+    param = "routing"
+    quantiles = {q: evidence_value(evidence, name) for q, name in PROMPT_QUANTILE_SIGNALS.items()}
+    (ratio,), absent = signals(evidence, "prompt_spread_ratio")
+    absent += [name for q, name in PROMPT_QUANTILE_SIGNALS.items() if q in (0.5, 0.95) and quantiles[q] is None]
+    if absent:
+        return cannot_compute(param, "one pool", cfg, [], "a length split", absent)
+    split = split_by_length(cdf_from_quantiles(quantiles), ratio, budget=cfg.get("max_num_batched_tokens"),
+                            block_size=int(cfg.get("block_size", 16)),
+                            min_budget=max(512, int(cfg.get("max_num_seqs", 0))))
+    if split is None:
+        return None  # one mode, or a pool too small to be worth its own replicas
+    return Fix(param, "one pool for all prompt lengths", split.summary(),
+               f"{split.method} (from the prompt-length quantiles p25..p99); {split.effect}")
 
 
 # -- underbatched ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ window. Durations: tests/integration/README.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -202,6 +203,39 @@ def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) 
     assert any(_ms(i["start"]) >= stopped - 1000 and _ms(i["start"]) <= resumed + 5000 for i in found), found
     assert_traffic_served(run)  # requests in flight survived the stall
     assert rig.server.is_running()
+
+
+def test_capacity_over_the_recorded_history(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    """`capacity --format json` over all the daemon recorded: light load met the objectives, queueing is the top."""
+    loads = {run.name: run for run, _ in rig.runs}
+    assert {"healthy", "queue_blocking"} <= set(loads), "select the load scenarios too: -k 'healthy or queue or capac'"
+    target = 1000.0  # far above anything a 2-core host serves: replicas must be flagged as extrapolated
+    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "capacity", "--since", "2h", "--db", str(rig.db),
+                          "--target-rps", str(target), "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["source"].startswith("daemon:"), doc["source"]  # the running daemon answered
+    cov, slo = doc["coverage"], doc["slo_point"]
+    # the two load levels, from the traffic generator's own counts: 1 client with pauses, then 32 clients
+    healthy = loads["healthy"].traffic.ok / loads["healthy"].seconds
+    queued = loads["queue_blocking"].traffic.ok / loads["queue_blocking"].seconds
+    record_property("capacity", {"healthy_rps": round(healthy, 2), "queue_rps": round(queued, 2), "coverage": cov,
+                                 "slo_point": slo, "knee": doc["knee"], "replicas": doc["replicas"]})
+    assert queued > 2 * healthy, (healthy, queued)
+    # bins are 30 s of counters, the generator's rate its own span: within a quarter of each other
+    assert cov["request_rate_min_per_s"] <= 1.25 * healthy and cov["request_rate_max_per_s"] >= 0.8 * queued, cov
+    assert "covers" in cov["statement"] and "nothing above that was observed" in cov["statement"], cov
+    assert slo is not None, doc["levels"]
+    assert cov["request_rate_min_per_s"] <= slo["request_rate_per_s"] <= cov["request_rate_max_per_s"], (slo, cov)
+    assert slo["request_rate_per_s"] >= 0.5 * healthy, (slo, healthy)  # light load met the objectives
+    assert slo["ttft_p95_seconds"] <= doc["objectives"]["ttft_p95_seconds"], slo
+    assert slo["tpot_p95_seconds"] is None or slo["tpot_p95_seconds"] <= doc["objectives"]["tpot_p95_seconds"]
+    assert slo["littles_law_concurrency"] is not None and slo["littles_law_concurrency"] > 0, slo
+    if not slo["bounded_by_history"]:  # a level above it missed: it says which objective
+        assert slo["next_level"]["request_rate_per_s"] > slo["request_rate_per_s"] and slo["next_level"]["missed"]
+    rep = doc["replicas"]
+    assert rep["extrapolated"] and "extrapolated" in rep["warning"], rep
+    assert rep["replicas"] == math.ceil(target / slo["request_rate_per_s"] - 1e-9), rep
 
 
 def test_target_down(rig: Rig, record_property: Callable[[str, object], None]) -> None:

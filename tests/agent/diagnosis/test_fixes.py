@@ -87,6 +87,22 @@ def test_prefill_hol_blocking_fixes():
     assert compute("prefill_hol_blocking", low, {}) is None  # already at the floor
 
 
+def test_prefill_length_routing_from_the_prompt_quantiles():
+    cfg = gpu_config("--max-num-seqs", "256")  # budget 8192
+    bimodal = {"prompt_tokens_p25": 30.7, "prompt_tokens_p50": 41.4, "prompt_tokens_p75": 1166.7,
+               "prompt_tokens_p90": 1666.7, "prompt_tokens_p95": 1833.3, "prompt_tokens_p99": 1966.7,
+               "prompt_spread_ratio": 4}
+    f = compute("prefill_hol_blocking.length_routing", cfg, bimodal)
+    # the sparsest stretch is p50..p75 (41..1167 tokens, a quarter of the prompts): its log-middle 220 -> 200
+    assert f.suggested.startswith("prompts <= 200 tokens -> short pool (--max-num-batched-tokens 512 ")
+    assert "long pool (--max-num-batched-tokens 8192 --long-prefill-token-threshold 2048)" in f.suggested
+    one_mode = {**bimodal, "prompt_tokens_p75": 45, "prompt_tokens_p90": 48, "prompt_tokens_p95": 49,
+                "prompt_tokens_p99": 50}
+    assert compute("prefill_hol_blocking.length_routing", cfg, one_mode) is None
+    missing = compute("prefill_hol_blocking.length_routing", cfg, {"prompt_spread_ratio": 4})
+    assert missing.suggested is None and "prompt_tokens_p50" in missing.why
+
+
 def test_oom_risk_fixes():
     cfg = gpu_config("--max-num-seqs", "256", "--max-model-len", "8192", "--gpu-memory-utilization", "0.95")
     assert cfg.get("gpu_memory_utilization") == 0.9  # the engine's cache_config_info wins over the flag

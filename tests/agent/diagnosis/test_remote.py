@@ -24,6 +24,7 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer, backfill, write_openmetrics
 from vllm_sentinel.agent.demo.replay import default_recording
 from vllm_sentinel.agent.demo.vllm_server import free_port
+from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, capacity
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, diagnose
 from vllm_sentinel.agent.diagnosis.remote import diagnose_remote
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -240,3 +241,26 @@ def test_tls_and_basic_auth_against_a_real_prometheus(guarded, loaded) -> None:
     assert wrong.returncode == 1 and "answered HTTP 401" in wrong.stderr and "--basic-auth-user" in wrong.stderr
     untrusted = cli(*base, "--basic-auth-user", "ops", "--basic-auth-password-file", str(tmp / "password"))
     assert untrusted.returncode == 1 and "TLS verification of" in untrusted.stderr and "--ca-file" in untrusted.stderr
+
+
+def test_capacity_from_prometheus_equals_capacity_from_the_file(loaded) -> None:
+    """`capacity --prometheus` reads the same bins, levels, SLO point, knee and routing as `capacity --db`."""
+    store, prom, first, last = loaded
+    query = CapacityQuery(first // 1000 * 1000, last // 1000 * 1000 + 30_000, 30_000, 5.0, 0.05, target_rps=20.0)
+    local = capacity(Engine(store), query)
+    remote = capacity(engine_of(prom), query)
+    assert len(local["bins"]) >= 10 and local["slo_point"] is not None and local["routing"] is not None
+    assert [b["end"] for b in remote["bins"]] == [b["end"] for b in local["bins"]]
+    for key in ("coverage", "slo_point", "knee", "replicas", "routing"):
+        assert json.dumps(remote[key], sort_keys=True) == json.dumps(local[key], sort_keys=True) or \
+            _numbers_close(remote[key], local[key]), key
+    assert len(remote["levels"]) == len(local["levels"])
+    assert all(_numbers_close(a, b) for a, b in zip(remote["levels"], local["levels"]))
+
+
+def _numbers_close(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_numbers_close(a[k], b[k]) for k in a)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    return a == b
