@@ -118,6 +118,8 @@ def _value(name: str, labels: dict[str, str], value: float, requests: float, don
         return float(min(MAX_NUM_SEQS, max(1, round(p.rate * 1.2)) if p.rate else 0) if not p.waiting else MAX_NUM_SEQS)
     if name == "vllm:num_requests_waiting":
         return p.waiting
+    if name == "vllm:num_requests_waiting_by_reason":  # vLLM: the reasons sum to num_requests_waiting
+        return p.waiting if labels.get("reason") == "capacity" else 0.0
     if name == "vllm:kv_cache_usage_perc":
         return 0.99 if p.preempt_per_s else min(0.8, 0.05 * p.rate + (0.4 if p.waiting else 0))
     if name == "vllm:num_preemptions_total":

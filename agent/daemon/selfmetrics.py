@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
@@ -49,6 +51,21 @@ class SelfMetrics:
                                            ["alertmanager", "result"], registry=r)
         self.incidents_active = Gauge("vllm_sentinel_incidents_active", "Firing incidents",
                                       ["incident", "severity"], registry=r)
+        # one series per model: the reason beside the number, so max(...{model_name=...}) reads the need
+        self.desired_replicas = Gauge("vllm_sentinel_desired_replicas",
+                                      "Replicas of a model its firing incidents ask for (reason queue, kv_pressure, "
+                                      "ttft_slo), else the replicas serving it now (reason none)",
+                                      ["model_name", "reason"], registry=r)
+        self._desired: dict[tuple[str, str], int] = {}
+
+    def set_desired_replicas(self, needs: Mapping[str, object]) -> None:
+        """Publish model -> need (anything with .replicas and .reason); a model's old reason series is removed."""
+        new = {(model, str(getattr(n, "reason"))): int(getattr(n, "replicas")) for model, n in needs.items()}
+        for key in set(self._desired) - set(new):
+            self.desired_replicas.remove(*key)
+        for key, value in new.items():
+            self.desired_replicas.labels(*key).set(value)
+        self._desired = new
 
     def serve(self, port: int, host: str = "127.0.0.1") -> object:
         """Serve /metrics on host:port (loopback by default); returns the server."""

@@ -303,6 +303,8 @@ class Sidecar:
         self.metrics.incidents_active.clear()
         for (incident, severity), n in active.items():
             self.metrics.incidents_active.labels(incident, severity).set(n)
+        if self.last_evaluation.get("desired_replicas") is not None:
+            self.metrics.set_desired_replicas(self.last_evaluation["desired_replicas"])
 
     def _maintain(self) -> None:
         now = now_ms()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from vllm_sentinel.agent.daemon.targets import RELOAD_CHECK_S, TargetSet
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
 from vllm_sentinel.agent.diagnosis.incidents import Evaluator
+from vllm_sentinel.agent.diagnosis.replica_signal import ReplicaNeed, current_replicas, desired_replicas
 from vllm_sentinel.agent.diagnosis.diagnose import WindowEvaluator
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
@@ -27,6 +29,8 @@ from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.nvml import NvmlCollector
 from vllm_sentinel.collectors.process import ProcessCollector
 from vllm_sentinel.collectors.vllm import VllmCollector, default_instance, normalize_target
+
+log = logging.getLogger(__name__)
 
 PROCESS_INTERVAL_S = 5.0  # process discovery scans /proc: every few seconds is plenty
 CONFIG_INTERVAL_S = 30.0
@@ -108,6 +112,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
             resolved = set(result.get("resolved", []))
             notifier.after_evaluation(now, evaluator.open.values(), [i for i in before.values() if i.id in resolved])
         reporter.after_evaluation(s, result, now)
+        result["desired_replicas"] = _desired_replicas(evaluator, now)
         return result
 
     config = SidecarConfig(
@@ -182,6 +187,16 @@ def static_target(target: str) -> TargetSpec:
     """A --target URL as a target (no labels of its own); a bad URL is a ValueError naming the fix."""
     url = normalize_target(target)
     return TargetSpec(url=url, instance=default_instance(url))
+
+
+def _desired_replicas(evaluator: Evaluator, now: int) -> dict[str, ReplicaNeed] | None:
+    """The autoscaling signal from the incidents just evaluated; None (the gauge keeps its values) on failure."""
+    try:
+        return desired_replicas(evaluator.open.values(), current_replicas(evaluator.instant, now),
+                                evaluator.config_for)
+    except Exception:  # the signal must never stop incident tracking
+        log.exception("desired replicas could not be computed; the last values stay published")
+        return None
 
 
 def _snapshotter(processes: dict[str, ProcessCollector]):

@@ -22,6 +22,7 @@ Evidence values are read by signal name (a rule's `evidence: [{signal: NAME, exp
 | iteration_tokens_p95 | histogram_quantile(0.95, rate(vllm:iteration_tokens_total_bucket[5m])) |
 | gpu_memory_used_ratio | max_over_time(DCGM_FI_DEV_FB_USED / (FB_USED + FB_FREE)) (0..1) |
 | replicas | instances serving the same model (count by model_name(up)) |
+| prefix_cache_hit_ratio | rate(vllm:prefix_cache_hits_total) / rate(vllm:prefix_cache_queries_total) (0..1) |
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_sentinel.agent.diagnosis import fixes_fleet, fixes_memory, fixes_scheduling
+from vllm_sentinel.agent.diagnosis import fixes_fleet, fixes_memory, fixes_prefix, fixes_scheduling
 from vllm_sentinel.agent.diagnosis.fix_registry import FIXES, Fix, as_live_config
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
 # the modules whose @register_fix decorators fill FIXES when they are imported
-FIX_MODULES = (fixes_fleet, fixes_memory, fixes_scheduling)
+FIX_MODULES = (fixes_fleet, fixes_memory, fixes_prefix, fixes_scheduling)
 __all__ = ["FIXES", "FIX_MODULES", "Fix", "compute"]
 
 

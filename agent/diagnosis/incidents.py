@@ -280,6 +280,11 @@ class Evaluator:
         return {"active": active, "opened": [i.id for i in opened], "resolved": [i.id for i in resolved],
                 "errors": errors}
 
+    def instant(self, expr: str, t_ms: int) -> Any:
+        """An instant query over the store the last evaluation ran on (for signals beside the incidents)."""
+        assert self._engine is not None, "evaluate once before querying"
+        return self._engine.instant(expr, t_ms)
+
     def _fill(self, inc: Incident, t_ms: int) -> None:
         inc.evidence = evidence_values(inc.rule, self._engine.instant, t_ms, inc.labels)
         values = {e["signal"]: e["value"] for e in inc.evidence}

@@ -6,7 +6,10 @@ kv_cache_max_concurrency the max model length. It does not hold the command line
 
 * `--max-num-seqs` is inferred from behaviour: the most requests `vllm:num_requests_running`
   showed while others waited and the KV cache had room. The scheduler admits no more than
-  --max-num-seqs, so a queue with KV room left means running is at the cap;
+  --max-num-seqs, so a queue with KV room left means running is at the cap. Where the server has
+  `vllm:num_requests_waiting_by_reason` (0.32), only requests waiting for capacity count: requests
+  deferred by a transient constraint (LoRA budget, KV transfer, a blocked request) wait whatever
+  the cap, so deferred-only waiting proves nothing about it;
 * every other flag falls back to vLLM's default for the platform the cache info shows.
 
 Each such value's source says it is inferred and from what. Works over any PromQL engine (the
@@ -26,9 +29,15 @@ from vllm_sentinel.collectors.timefmt import iso_seconds
 INFER_HISTORY_MS = 3_600_000
 # "the KV cache had room": below this share used, running is capped by --max-num-seqs, not by KV blocks
 KV_ROOM = 0.9
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+# requests that wait for a slot: the capacity reason where the server splits waiting by reason, else all waiting
+WAITING_FOR_CAPACITY = (
+    f'(sum by (instance) ({WAITING_BY_REASON}{{reason="capacity"}}) > 0)'
+    f" or (sum by (instance) (vllm:num_requests_waiting) > 0 unless on (instance) {WAITING_BY_REASON})"
+)
 RUNNING_WHILE_QUEUED = (
     "max by (instance) (vllm:num_requests_running)"
-    " and on (instance) (sum by (instance) (vllm:num_requests_waiting) > 0)"
+    f" and on (instance) ({WAITING_FOR_CAPACITY})"
     f" and on (instance) (max by (instance) (vllm:kv_cache_usage_perc) < {KV_ROOM})"
 )
 NO_ARGV_METRICS = "the command line is not in the metrics"
@@ -75,17 +84,23 @@ def metrics_configs(engine: Any, instances: Sequence[str], end_ms: int, step_ms:
     lo = min(end_ms - INFER_HISTORY_MS, start_ms if start_ms is not None else end_ms)
     lo = lo // step_ms * step_ms
     span_s = max(1, (end_ms - lo) // 1000)
-    [info] = instant_all(engine, [(f"last_over_time({CACHE_INFO_METRIC}[{span_s}s])", end_ms)])
+    [info, by_reason] = instant_all(engine, [
+        (f"last_over_time({CACHE_INFO_METRIC}[{span_s}s])", end_ms),
+        (f"count by (instance) (last_over_time({WAITING_BY_REASON}[{span_s}s]))", end_ms)])
     [running] = range_all(engine, [(RUNNING_WHILE_QUEUED, lo, end_ms, step_ms)])
     caches, peaks = _cache_info_by_instance(info), _peaks(running)
+    split = {dict(s.labels).get("instance") for s in by_reason} if isinstance(by_reason, list) else set()
     out = {}
     for inst in instances:
         cfg = build_live_config(inst, caches.get(inst), argv=None, ts_ms=end_ms)
         peak = peaks.get(inst)
         if peak is not None and peak >= 1:
+            waited = ('others waited for capacity (vllm:num_requests_waiting_by_reason{reason="capacity"}; '
+                      "deferred requests not counted)" if inst in split
+                      else "others waited (vllm:num_requests_waiting)")
             cfg.set("max_num_seqs", int(peak),
-                    f"inferred from behaviour: at most {int(peak)} requests ran (vllm:num_requests_running) while others "
-                    f"waited and the KV cache was under {KV_ROOM:.0%} used, {iso_seconds(lo)} .. {iso_seconds(end_ms)}; "
-                    "the scheduler admits no more than --max-num-seqs")
+                    f"inferred from behaviour: at most {int(peak)} requests ran (vllm:num_requests_running) while "
+                    f"{waited} and the KV cache was under {KV_ROOM:.0%} used, {iso_seconds(lo)} .. "
+                    f"{iso_seconds(end_ms)}; the scheduler admits no more than --max-num-seqs")
         out[inst] = mark_inferred(cfg)
     return out

@@ -23,7 +23,8 @@ from vllm_sentinel.collectors.base import Batch
 # the canonical incident ids
 VOCABULARY = {"queue_blocking", "prefill_hol_blocking", "kv_cache_pressure", "kv_fragmentation", "oom_risk",
               "bandwidth_bound_decode", "underbatched", "ttft_slo_breach", "tpot_slo_breach", "traffic_burst",
-              "frontend_cpu_bound", "engine_stall", "gpu_fault", "target_down", "load_imbalance"}
+              "frontend_cpu_bound", "engine_stall", "gpu_fault", "target_down", "load_imbalance",
+              "prefix_cache_ineffective"}
 NVML_DUMP = Path(__file__).parents[2] / "collectors" / "fixtures" / "nvml" / "nvml-h200.prom.gz"
 
 

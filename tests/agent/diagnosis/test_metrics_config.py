@@ -54,3 +54,45 @@ def test_without_a_queue_the_cap_falls_back_to_the_default_said_inferred(tmp_pat
     assert cfg.get("max_num_seqs") == 128
     assert cfg.source("max_num_seqs").startswith("inferred (the command line is not in the metrics): default")
     assert cfg.source("block_size") == "cache_config_info"  # from the engine: not marked inferred
+
+
+def store_by_reason(tmp_path: Path, phases: list[tuple[int, float, float, float, float]]) -> Store:
+    """As store_with, on a server that splits waiting by reason: (seconds, running, capacity, deferred, kv)."""
+    store = Store.open(tmp_path / "r.duckdb")
+    batches = []
+    for k in range(0, 600, 5):
+        running, capacity, deferred, kv = next((r, c, d, u) for s, r, c, d, u in reversed(phases) if s <= k)
+        b = Batch(instance="a:8000", ts_ms=T0 + k * 1000)
+        labels = {"engine": "0", "model_name": "m"}
+        b.add("vllm:num_requests_running", labels, running)
+        b.add("vllm:num_requests_waiting", labels, capacity + deferred)  # vLLM: the sum of the reasons
+        b.add("vllm:num_requests_waiting_by_reason", {**labels, "reason": "capacity"}, capacity)
+        b.add("vllm:num_requests_waiting_by_reason", {**labels, "reason": "deferred"}, deferred)
+        b.add("vllm:kv_cache_usage_perc", labels, kv)
+        b.add("vllm:cache_config_info", CACHE, 1.0)
+        batches.append(b)
+    store.append_many(batches)
+    return store
+
+
+def test_only_requests_waiting_for_capacity_prove_the_cap(tmp_path: Path) -> None:
+    # 4 run while 3 wait for a slot; later 6 run while 2 wait only deferred (a LoRA budget): 6 is not a cap
+    with store_by_reason(tmp_path, [(0, 1, 0, 0, 0.1), (100, 4, 3, 0, 0.5), (300, 6, 0, 2, 0.6)]) as store:
+        cfg = configured(store)
+    assert cfg.get("max_num_seqs") == 4
+    assert "while others waited for capacity (vllm:num_requests_waiting_by_reason{reason=\"capacity\"}" \
+        in cfg.source("max_num_seqs")
+
+
+def test_deferred_only_waiting_leaves_the_cap_to_the_default_said_inferred(tmp_path: Path) -> None:
+    with store_by_reason(tmp_path, [(0, 5, 0, 3, 0.4)]) as store:
+        cfg = configured(store)
+    assert cfg.get("max_num_seqs") == 128  # vLLM 0.32's CPU default, not the 5 that ran beside deferred requests
+    assert cfg.source("max_num_seqs").startswith("inferred (the command line is not in the metrics): default")
+
+
+def test_a_server_without_waiting_by_reason_counts_every_waiting_request(tmp_path: Path) -> None:
+    with store_with(tmp_path, [(0, 3, 2, 0.5)]) as store:
+        cfg = configured(store)
+    assert cfg.get("max_num_seqs") == 3
+    assert "while others waited (vllm:num_requests_waiting) and" in cfg.source("max_num_seqs")
