@@ -95,7 +95,7 @@ def test_autoscalers_read_desired_replicas_for_the_served_model():
     assert hpa["metric"] == {"name": "vllm_sentinel_desired_replicas", "selector": {"matchLabels": {"model_name": served}}}
     assert hpa["target"] == {"type": "AverageValue", "averageValue": "1"}
     trigger = by_kind("ScaledObject")["spec"]["triggers"][0]
-    assert trigger["metadata"]["query"] == f'max(vllm_sentinel_desired_replicas{{model_name="{served}"}})'
+    assert trigger["metadata"]["query"] == f'sum(vllm_sentinel_desired_replicas{{model_name="{served}"}})'
     assert trigger["metadata"]["threshold"] == "1"
 
 
