@@ -12,6 +12,8 @@ from pathlib import Path
 
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides
 from vllm_sentinel.agent.diagnosis.captures import capture_and_store
+from vllm_sentinel.agent.diagnosis.compare import CompareError, NoChangeFound, compare
+from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, store_source
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.reports.assemble import IncidentNotFound
@@ -67,4 +69,16 @@ def daemon_route_capture() -> Route:
         profiler_s = params.get("profiler_s")
         return capture_and_store(store, params["target"], params.get("kind", "dump"),
                                  int(params.get("duration_s", 3)), float(profiler_s) if profiler_s else None)
+    return handle
+
+
+def daemon_route_compare(evaluate_window: WindowEvaluator | None = None) -> Route:
+    """The daemon's /v1/compare handler: compare over the daemon's own connection, errors as one message."""
+    def handle(store: Store, params: dict) -> dict:
+        try:
+            return compare(store_source(store, evaluate_window), request_from_query(params))
+        except NoDataInWindow as e:
+            return {"no_data": str(e)}
+        except (CompareError, NoChangeFound) as e:
+            return {"compare_error": str(e)}
     return handle
