@@ -85,7 +85,7 @@ def compare(source: CompareSource, req: CompareRequest) -> dict:
                                  f"{iso_seconds(hi)} in {source.name}; check --instance and the windows")
     load = _load(before, after)
     signals = [s for s in (_signal(sig, before, after, load, interval) for sig in SIGNALS) if s is not None]
-    changes = config_diff(source.config_at(instance, windows.before[1]), source.config_at(other, windows.after[1]),
+    changes = config_diff(source.config_at(instance, windows.before[1] - 1), source.config_at(other, windows.after[1]),
                           windows.change_ms)
     incidents = incident_changes(source.incidents(*windows.before, instance), source.incidents(*windows.after, other))
     verdict, reasons = decide(signals, incidents)
@@ -195,7 +195,13 @@ def _round(v: float | None) -> float | None:
 
 
 def config_diff(before: dict[str, Any], after: dict[str, Any], at_ms: int | None) -> list[dict]:
-    """The settings that differ: [{param: '--max-num-seqs', before: '4', after: '3', at}], flags by their flag."""
+    """The settings that differ: [{param: '--max-num-seqs', before: '4', after: '3', at}], flags by their flag.
+
+    A side with no recorded configuration (a dump, an instance the sidecar never watched) differs in nothing
+    known: [] rather than every setting against None.
+    """
+    if not before or not after:
+        return []
     flags = {name: flag for flag, (name, _typ) in ARGV_FLAGS.items()}
     out = []
     for name in sorted(set(before) | set(after)):

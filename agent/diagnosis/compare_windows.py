@@ -22,6 +22,7 @@ from vllm_sentinel.collectors.timefmt import iso_seconds
 RESTART_EXPRS = ('max by (instance) (vllm_sentinel_process_start_time_seconds{role="api_server"})',
                  "max by (instance) (process_start_time_seconds)")
 GAP_SEARCH_MS = 15 * 60_000  # a restart's down time is looked for this far either side of the change
+SNAPSHOT_LAG_MS = 60_000  # a configuration snapshot lands at most this long after the server is back
 GAP_STEP_MS = 5_000
 GAP_LOOK_S = 15  # each step reads `up` this far back: a Prometheus scrapes every 15 s by default
 MIN_INTERVALS_A_SIDE = 4
@@ -67,9 +68,9 @@ def restarts(engine: Any, instance: str, lo_ms: int, hi_ms: int) -> list[int]:
     return sorted(found)
 
 
-def down_around(engine: Any, instance: str, change_ms: int, lo_ms: int, hi_ms: int) -> tuple[int, int] | None:
-    """(first down, back up) of the `up == 0` stretch nearest `change_ms`, within GAP_SEARCH_MS; None if none."""
-    lo, hi = max(lo_ms, change_ms - GAP_SEARCH_MS), min(hi_ms, change_ms + GAP_SEARCH_MS)
+def down_around(engine: Any, instance: str, restart_ms: int, lo_ms: int, hi_ms: int) -> tuple[int, int] | None:
+    """(first down, back up) of the `up == 0` stretch holding a restart (the new process' start); None if none."""
+    lo, hi = max(lo_ms, restart_ms - GAP_SEARCH_MS), min(hi_ms, restart_ms + GAP_SEARCH_MS)
     if hi - lo < GAP_STEP_MS:
         return None
     [result] = range_all(engine, [(f"min by (instance) (min_over_time(up[{GAP_LOOK_S}s]))", lo, hi, GAP_STEP_MS)])
@@ -83,12 +84,12 @@ def down_around(engine: Any, instance: str, change_ms: int, lo_ms: int, hi_ms: i
                 runs.append([t, t, 0])
         elif runs and runs[-1][2] == 0:
             runs[-1][2] = t
-    closed = [r for r in runs if r[2]]
-    if not closed:
+    # the new process starts while the old one is gone and before it answers; a failed scrape elsewhere
+    # (a busy host) is no restart
+    around = [r for r in runs if r[2] and r[0] - GAP_LOOK_S * 1000 <= restart_ms <= r[2]]
+    if not around:
         return None
-    # the run holding the change, else the nearest one (a snapshot lands when the server answers again)
-    first, _, up_again = min(closed, key=lambda r: 0 if r[0] <= change_ms <= r[2] else
-                             min(abs(r[0] - change_ms), abs(r[2] - change_ms)))
+    first, _, up_again = around[-1]
     return first - GAP_LOOK_S * 1000, up_again
 
 
@@ -103,7 +104,9 @@ def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms
         raise NoChangeFound(f"no configuration change or restart of {instance} between {iso_seconds(lo)} and "
                             f"{iso_seconds(hi)}; widen --since/--until, or give --before/--after windows")
     change = events[-1]
-    down = down_around(engine, instance, change, lo, hi)
+    # the sidecar records the new command line once it finds the new server listening: after its start
+    restart = next((t for t in reversed(starts) if change - SNAPSHOT_LAG_MS <= t <= change), None)
+    down = down_around(engine, instance, restart, lo, hi) if restart is not None else None
     before_end, ready = (min(down[0], change), max(down[1], change)) if down else (change, change)
     after_start = ready + settle_ms
     earlier = [e for e in events if e < before_end]
