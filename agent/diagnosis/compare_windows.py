@@ -22,7 +22,6 @@ from vllm_sentinel.collectors.timefmt import iso_seconds
 RESTART_EXPRS = ('max by (instance) (vllm_sentinel_process_start_time_seconds{role="api_server"})',
                  "max by (instance) (process_start_time_seconds)")
 GAP_SEARCH_MS = 15 * 60_000  # a restart's down time is looked for this far either side of the change
-SNAPSHOT_LAG_MS = 60_000  # a configuration snapshot lands at most this long after the server is back
 GAP_STEP_MS = 5_000
 GAP_LOOK_S = 15  # each step reads `up` this far back: a Prometheus scrapes every 15 s by default
 MIN_INTERVALS_A_SIDE = 4
@@ -104,10 +103,12 @@ def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms
         raise NoChangeFound(f"no configuration change or restart of {instance} between {iso_seconds(lo)} and "
                             f"{iso_seconds(hi)}; widen --since/--until, or give --before/--after windows")
     change = events[-1]
-    # the sidecar records the new command line once it finds the new server listening: after its start
-    restart = next((t for t in reversed(starts) if change - SNAPSHOT_LAG_MS <= t <= change), None)
+    # the sidecar records a new command line once it finds the new server listening (startup takes a
+    # minute or more) and at its next snapshot: the restart behind a change is the last one before it,
+    # and the new settings were in force from the moment that server answered
+    restart = next((t for t in reversed(starts) if change - GAP_SEARCH_MS <= t <= change), None)
     down = down_around(engine, instance, restart, lo, hi) if restart is not None else None
-    before_end, ready = (min(down[0], change), max(down[1], change)) if down else (change, change)
+    before_end, ready = down if down else (change, change)
     after_start = ready + settle_ms
     earlier = [e for e in events if e < before_end]
     floor = max(lo, earlier[-1] + settle_ms) if earlier else lo
@@ -120,5 +121,5 @@ def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms
             f"{iso_seconds(change)} leaves {max(0, length) // 1000} s either side (after a {settle_ms // 1000} s "
             f"settling margin); compare needs {MIN_INTERVALS_A_SIDE * interval_ms // 1000} s: wait for more data "
             "after it, lower --settle, or give --before/--after")
-    kind = "configuration change" if any(before_end <= c <= ready for c in configs) else "restart"
+    kind = "configuration change" if any(before_end <= c <= change for c in configs) else "restart"
     return ChangeWindows((before_end - length, before_end), (after_start, after_start + length), change, kind, down)

@@ -214,6 +214,7 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     cmp = json.loads(res.stdout)
+    print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
     changes = {c["param"]: c for c in cmp["config_changes"]}
     assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
     assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]
