@@ -11,7 +11,8 @@ Latency quantiles are per request already and are not rescaled.
 
 The verdict weighs the headline signals (p95 latencies, throughput, preemptions) that changed
 significantly, and the incidents that stopped or started (each counts twice: an incident is
-several signals agreeing).
+several signals agreeing); with no headline signal beyond the noise it is "no clear change",
+whatever the incidents did.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from vllm_sentinel.agent.diagnosis.significance import ALPHA, MIN_INTERVALS, com
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
 LOAD_TOLERANCE = 0.10  # request rates within 10 %: the same traffic, nothing rescaled
+MIN_EFFECT_PCT = 5.0  # a significant change is also at least this large
 INCIDENT_WEIGHT = 2
 DEFAULT_SETTLE_MS = 60_000
 # intervals: about INTERVALS_A_SIDE per window, never under MIN_INTERVAL_MS (a rate needs a few scrapes)
@@ -166,6 +168,9 @@ def _signal(sig: Signal, before: WindowValues, after: WindowValues, load: dict, 
         ys = _per_request(after.intervals[sig.name], after.intervals[REQUEST_RATE])
     test = compare_intervals(xs, ys)
     delta = _delta_pct(b, a)
+    # a histogram quantile moves within its bucket with every interval: a few per cent is no change
+    # anyone acts on, however consistent
+    significant = test.significant and (delta is None or abs(delta) >= MIN_EFFECT_PCT)
     better = None if sig.direction == NEUTRAL or a is None or b is None or a == b else (a > b) == (sig.direction > 0)
     seconds = interval_ms // 1000
     if test.p_value is None:
@@ -173,11 +178,11 @@ def _signal(sig: Signal, before: WindowValues, after: WindowValues, load: dict, 
                   f"{MIN_INTERVALS} a side needed")
     else:
         method = (f"Mann-Whitney U over {seconds} s intervals ({test.n_before} vs {test.n_after}), two-sided "
-                  f"p={test.p_value:.2g}, alpha {ALPHA}")
+                  f"p={test.p_value:.2g}, alpha {ALPHA}, change of {MIN_EFFECT_PCT:g}% or more")
     if per_request:
         method += f"; per finished request (request rate x{load['ratio']:.2f})"
     return {"name": sig.name, "unit": sig.unit, "before": _round(b), "after": _round(a), "delta_pct": delta,
-            "significant": test.significant, "better": better, "method": method, "p_value": _round(test.p_value),
+            "significant": significant, "better": better, "method": method, "p_value": _round(test.p_value),
             "_headline": sig.headline}
 
 
@@ -228,6 +233,10 @@ def decide(signals: list[dict], incidents: dict) -> tuple[str, list[str]]:
     reasons += [f"{s['name']} {_change_text(s)} (worse)" for s in worse]
     reasons += [f"incident {n} stopped" for n in incidents["stopped"]]
     reasons += [f"incident {n} started" for n in incidents["started"]]
+    if not better and not worse:
+        # an incident can miss a short window (its `for`, a live evaluation stretched on a busy host):
+        # without a signal beyond the noise, it is not enough for a verdict
+        return "no clear change", reasons + ["no headline signal changed beyond the noise"] if reasons else []
     verdict = "improved" if score > 0 else "regressed" if score < 0 else "no clear change"
     return verdict, reasons
 
