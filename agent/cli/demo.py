@@ -34,7 +34,7 @@ def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server
         raise fail(str(e)) from None
     render_diagnosis(out, doc, "table")
     if "compare" in doc:
-        out.print("\n[bold]The fix, verified[/] (vllm-sentinel compare --change auto):")
+        out.print("\n[bold]Verifying the fix[/] (vllm-sentinel compare --change auto):")
         render_compare(out, doc["compare"])
     elif replay:
         out.print("\nThe recorded session has no run after a fix: `vllm-sentinel demo` (live) verifies it with compare.",
