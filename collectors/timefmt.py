@@ -127,3 +127,30 @@ def iso_precise(ms: int | None) -> str | None:
         return iso_seconds(ms)
     s = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return s[:-4] + "Z"
+
+
+def parse_span_ms(text: str, now_ms: int) -> tuple[int, int]:
+    """'START..END' -> (start_ms, end_ms); each end a time or a duration before `now_ms`.
+
+    parse_span_ms('2h..1h', 7_200_000) -> (0, 3_600_000), '1h..now' -> (3_600_000, 7_200_000);
+    times as parse_time_ms reads them.
+    ValueError names the accepted forms, and refuses an empty or reversed span.
+    """
+    parts = text.split("..")
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise ValueError(f"{text!r} is not a window; use START..END with times or durations ago, "
+                         "e.g. 2h..1h or 2026-11-29T10:00:00Z..2026-11-29T11:00:00Z")
+    start, end = (_time_or_ago_ms(p, now_ms) for p in parts)
+    if end <= start:
+        raise ValueError(f"{text!r} ends before it starts; put the earlier time first (2h..1h)")
+    return start, end
+
+
+def _time_or_ago_ms(text: str, now_ms: int) -> int:
+    """A time (RFC 3339, Unix seconds), 'now', or a duration before now: '1h' -> now_ms - 3_600_000."""
+    t = text.strip()
+    if t == "now":
+        return now_ms
+    if t[-1:].isalpha() and not t.upper().endswith("Z"):
+        return now_ms - parse_cli_duration_ms(t)
+    return parse_time_ms(t)

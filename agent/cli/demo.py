@@ -9,6 +9,7 @@ import typer
 
 from vllm_sentinel.agent.cli.common import Exit, err, fail, out
 from vllm_sentinel.agent.demo.live import DemoError, run_demo, run_replay_demo
+from vllm_sentinel.reports.compare_view import render_compare
 from vllm_sentinel.reports.console import render_diagnosis
 
 app = typer.Typer(add_completion=False)
@@ -32,6 +33,12 @@ def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server
     except DemoError as e:
         raise fail(str(e)) from None
     render_diagnosis(out, doc, "table")
+    if "compare" in doc:
+        out.print("\n[bold]Verifying the fix[/] (vllm-sentinel compare --change auto):")
+        render_compare(out, doc["compare"])
+    elif replay:
+        out.print("\nThe recorded session has no run after a fix: `vllm-sentinel demo` (live) verifies it with compare.",
+                  highlight=False)
     out.print(f"\nDatabase: {doc['database']}  (vllm-sentinel diagnose --db {doc['database']} --since 1h"
               f"{' --until ' + doc['window']['end'] if replay else ''})", highlight=False)
     for path in doc.get("reports", []):

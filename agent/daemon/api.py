@@ -1,6 +1,6 @@
 """The daemon's local API server: JSON over HTTP on a unix socket (mode 0600), so readers never fight DuckDB's lock.
 
-Routes are named operations (never raw SQL): GET /v1/health, /v1/status, /v1/diagnose?... read;
+Routes are named operations (never raw SQL): GET /v1/health, /v1/status, /v1/diagnose?..., /v1/compare?... read;
 /v1/capture and /v1/report write (stacks into the store, a report to disk). The client is client.py.
 """
 

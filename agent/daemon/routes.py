@@ -13,6 +13,8 @@ from pathlib import Path
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides
 from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, NoLoadInWindow, capacity, clamp_to_data
 from vllm_sentinel.agent.diagnosis.captures import capture_and_store
+from vllm_sentinel.agent.diagnosis.compare import CompareError, NoChangeFound, compare
+from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, store_source
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
@@ -80,4 +82,16 @@ def daemon_route_capacity() -> Route:
             return capacity(Engine(store), query, source=f"duckdb:{store.path}")
         except NoLoadInWindow as e:
             return {"no_data": str(e)}
+    return handle
+
+
+def daemon_route_compare(evaluate_window: WindowEvaluator | None = None) -> Route:
+    """The daemon's /v1/compare handler: compare over the daemon's own connection, errors as one message."""
+    def handle(store: Store, params: dict) -> dict:
+        try:
+            return compare(store_source(store, evaluate_window), request_from_query(params))
+        except NoDataInWindow as e:
+            return {"no_data": str(e)}
+        except (CompareError, NoChangeFound) as e:
+            return {"compare_error": str(e)}
     return handle

@@ -1,18 +1,22 @@
 """`vllm-sentinel demo`: a real vLLM CPU server with a tiny model, traffic that causes incidents, the
-sidecar watching, then the diagnosis and the incident reports. `--replay` runs the same pipeline in
-seconds on a recorded real session shipped with the project."""
+sidecar watching, the diagnosis and the incident reports, then the fix verified: the server restarted
+with the value the diagnosis computed, the same traffic again, and `compare`'s verdict. `--replay`
+runs the diagnosis in seconds on a recorded real session shipped with the project (that session
+has no after-window, so it skips the verification)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.demo.replay import run_replay
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.verify import compare_around_change, fix_to_apply, restart_with_fix
 from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerError
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -74,10 +78,10 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
         sidecar.start()
         try:
             holds = {name: float(seconds) for name in LIVE_SEQUENCE} if seconds else None
-            for run in scenarios.run_sequence(server, LIVE_SEQUENCE, say=say, seconds=holds):
-                t = run.traffic
-                load = f", {t.ok} requests ok, {t.failed} failed" if t else ""
-                say(f"{run.name} scenario done in {run.seconds:.0f} s{load}")
+            runs = scenarios.run_sequence(server, LIVE_SEQUENCE, say=say, seconds=holds)
+            for run in runs:
+                _said_done(run, say)
+            verified = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, say)
             time.sleep(scenarios.SETTLE_S)
         finally:
             sidecar.stop()
@@ -88,8 +92,36 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
     with Store.open(db, read_only=True) as store:
         doc = diagnose(store, start_ms, end_ms, evaluate_window=pack_window_evaluator(pack))
         doc["reports"] = [str(p) for p in write_reports(store, doc, workdir / "reports", pack, say)]
+        if verified is not None:
+            say("comparing before and after the fix (compare --change auto)")
+            doc["compare"] = compare_around_change(store, runs[-1].start_ms, verified.end_ms, pack)
     doc["database"] = str(db)
     return doc
+
+
+def _said_done(run: scenarios.ScenarioRun, say: Say) -> None:
+    t = run.traffic
+    load = f", {t.ok} requests ok, {t.failed} failed" if t else ""
+    say(f"{run.name} scenario done in {run.seconds:.0f} s{load}")
+
+
+def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scenarios.ScenarioRun,
+                         seconds: int | None, say: Say) -> scenarios.ScenarioRun | None:
+    """Restart the server with the fix the diagnosis of `run` computed and run the same scenario again."""
+    found = diagnose(sidecar.store.reader(), run.start_ms, run.end_ms, evaluate_window=pack_window_evaluator(pack))
+    fix = fix_to_apply(found["incidents"], run.name)
+    if fix is None:
+        say(f"no computed {run.name} fix to verify ({len(found['incidents'])} incident(s) in its window)")
+        return None
+    say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']} "
+        "(the sidecar keeps recording)")
+    try:
+        restart_with_fix(server, fix)
+    except VllmServerError as e:
+        raise DemoError(str(e)) from e
+    again = scenarios.SCENARIOS[run.name](server, float(seconds) if seconds else None, say=say)
+    _said_done(again, say)
+    return again
 
 
 def run_replay_demo(workdir: Path | None = None, say: Say = lambda _m: None) -> dict:

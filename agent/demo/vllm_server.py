@@ -279,6 +279,13 @@ class VllmServer:
         self._proc = None
         return proc.returncode
 
+    def restart(self, config: VllmServerConfig) -> VllmServer:
+        """Stop the server and start it again with `config`, on the same port when it is still free
+        (a sidecar watching host:port keeps recording the same instance)."""
+        self.stop()
+        self.config = config
+        return self.start()
+
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last lines of the server log, for error messages."""
         return log_tail(self.log_path, lines)

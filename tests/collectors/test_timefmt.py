@@ -6,7 +6,7 @@ import pytest
 
 from vllm_sentinel.collectors.timefmt import (format_go_duration_ms, format_prometheus_duration_ms, iso_precise,
                                               iso_seconds, parse_cli_duration_ms, parse_prometheus_duration_ms,
-                                              parse_rfc3339_ms, parse_time_ms)
+                                              parse_rfc3339_ms, parse_span_ms, parse_time_ms)
 
 
 def test_the_cli_grammar_takes_fractions_and_bare_seconds() -> None:
@@ -37,3 +37,13 @@ def test_iso_seconds_drops_milliseconds_iso_precise_keeps_them() -> None:
 def test_rfc3339_round_trips_and_parse_time_also_takes_unix_seconds() -> None:
     assert parse_rfc3339_ms(iso_precise(1_764_000_000_250)) == 1_764_000_000_250
     assert parse_time_ms("2026-11-29T10:00:00Z") == parse_time_ms("1795946400") == 1_795_946_400_000
+
+
+def test_a_span_takes_times_and_durations_ago() -> None:
+    now = parse_time_ms("2026-11-29T12:00:00Z")
+    assert parse_span_ms("2h..1h", now) == (now - 7_200_000, now - 3_600_000)
+    assert parse_span_ms("30m..now", now) == (now - 1_800_000, now)
+    assert parse_span_ms("2026-11-29T10:00:00Z..2026-11-29T11:00:00Z", now)[1] == now - 3_600_000
+    for bad, why in (("1h", "START..END"), ("1h..2h", "ends before"), ("soon..1h", "soon"), ("..", "START..END")):
+        with pytest.raises(ValueError, match=why):
+            parse_span_ms(bad, now)

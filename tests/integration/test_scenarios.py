@@ -31,6 +31,7 @@ from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
 from vllm_sentinel.agent.demo.scenarios import ScenarioRun
+from vllm_sentinel.agent.demo.verify import fix_to_apply, restart_with_fix
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
@@ -191,6 +192,41 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
     fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
     # 8 blocks x 128 tokens cannot hold 4 requests of ~400 tokens: fewer sequences, from the real config
     assert fixes and all(f["current"] == "4" and int(f["suggested"]) < 4 for f in fixes), fixes
+
+
+def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    """The kv_cache_pressure fix applied for real: the server restarted with the computed --max-num-seqs while
+    the daemon keeps recording, the same traffic again; `compare --change auto` names the configuration
+    change, finds preemptions down beyond the noise and the incident stopped. (Later tests run on this server.)"""
+    before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
+    if before is None:  # run alone (-k): the scenario first
+        before, _doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
+    doc = next(d for r, d in rig.runs if r is before)
+    fix = fix_to_apply(doc["incidents"], "kv_cache_pressure")
+    assert fix is not None and fix["param"] == "--max-num-seqs", [i["fixes"] for i in doc["incidents"]]
+    instance = rig.server.instance
+    restart_with_fix(rig.server, fix)
+    assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
+    after = scenarios.kv_cache_pressure(rig.server)
+    assert_traffic_served(after)
+    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
+                          "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
+                          "--until", f"{after.end_ms / 1000:.3f}", "--settle", "10s", "--format", "json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    cmp = json.loads(res.stdout)
+    print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
+    changes = {c["param"]: c for c in cmp["config_changes"]}
+    assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
+    assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]
+    signals = {s["name"]: s for s in cmp["signals"]}
+    pre = signals["preemptions_per_s"]
+    assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], pre
+    assert "kv_cache_pressure" in cmp["incidents"]["before"], cmp["incidents"]
+    assert "kv_cache_pressure" in cmp["incidents"]["stopped"], cmp["incidents"]
+    record_property("compare_window", cmp["window"])
+    record_property("preemptions_per_s", [pre["before"], pre["after"], pre["method"]])
+    record_property("verdict", [cmp["verdict"], cmp["verdict_reasons"]])
 
 
 def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) -> None:

@@ -11,9 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.ingest import ingest_text
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,6 +33,8 @@ def _make_files(d: Path) -> None:
     (d / "adir").mkdir()
     (d / "binary.bin").write_bytes(bytes(range(256)) * 10)
     (d / "metrics.txt").write_text('vllm:num_requests_running{instance="a"} 1\n')
+    with Store.open(d / "nochange.duckdb") as store:  # data of one instance, no change in it
+        ingest_text(store, 'vllm:num_requests_running{instance="a"} 1\n', None, int(time.time() * 1000))
     (d / "bad.yaml").write_text("groups: [unclosed\n")
     (d / "params.yaml").write_text("no_such_param: 3\n")
     (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
@@ -140,6 +146,18 @@ CASES = [
     ("run-bad-alertmanager", ["run", "-t", "http://127.0.0.1:9", "--alertmanager", "ftp://x"], "ftp://x"),
     ("run-zero-max-bytes", ["run", "-t", "http://127.0.0.1:9", "--scrape-max-bytes", "0"], "--scrape-max-bytes"),
     ("run-db-is-directory", ["run", "-t", "http://127.0.0.1:9", "--db", "{d}/adir", "--metrics-port", "0"], "adir"),
+    # compare
+    ("compare-bad-window", ["compare", "--before", "soon..2h", "--after", "1h..now"], "soon"),
+    ("compare-reversed-window", ["compare", "--before", "1h..2h", "--after", "1h..now"], "1h..2h"),
+    ("compare-not-a-window", ["compare", "--before", "2h", "--after", "1h..now"], "START..END"),
+    ("compare-before-alone", ["compare", "--before", "2h..1h"], "--after"),
+    ("compare-bad-settle", ["compare", "--settle", "long"], "long"),
+    ("compare-bad-change", ["compare", "--change", "yesterday"], "--change"),
+    ("compare-bad-format", ["compare", "--format", "xml"], "xml"),
+    ("compare-versus-alone", ["compare", "--versus", "b:8000"], "--instance"),
+    ("compare-out-without-markdown", ["compare", "--out", "{d}/charts"], "--out"),
+    ("compare-no-data", ["compare", "--db", "{d}/nochange.duckdb", "--until", "0"], "no vLLM samples"),
+    ("compare-no-change", ["compare", "--db", "{d}/nochange.duckdb"], "no configuration change"),
     # demo
     ("demo-negative-seconds", ["demo", "--seconds", "-1"], "--seconds"),
     ("demo-workdir-is-file", ["demo", "--replay", "--workdir", "{d}/metrics.txt"], "metrics.txt"),
@@ -169,7 +187,7 @@ def error_lines(stderr: str) -> list[str]:
 
 def test_the_table_covers_every_command() -> None:
     commands = {argv[0] if argv[0] != "rules" else f"rules {argv[1]}" for _, argv, _ in CASES}
-    assert commands >= {"run", "diagnose", "report", "ingest", "status", "capture", "plan", "demo",
+    assert commands >= {"run", "diagnose", "compare", "report", "ingest", "status", "capture", "plan", "demo",
                         "rules test", "rules check", "rules list", "rules export"}
     assert len(CASES) >= 40
 

@@ -22,7 +22,10 @@ import pytest
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer, backfill, write_openmetrics
-from vllm_sentinel.agent.demo.replay import default_recording
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata
+from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
+from vllm_sentinel.agent.diagnosis.compare_sources import remote_source as remote_compare_source
+from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.demo.vllm_server import free_port
 from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, capacity
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, diagnose
@@ -264,3 +267,20 @@ def _numbers_close(a: object, b: object) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
     return a == b
+
+
+def test_compare_reads_the_same_from_prometheus(loaded) -> None:
+    """compare over Prometheus and over the store, same windows: the same values, significance and incidents."""
+    store, prom, first, last = loaded
+    phases = {s["name"]: (s["start_ms"] // 1000 * 1000, s["end_ms"] // 1000 * 1000)
+              for s in load_metadata(default_recording())["scenarios"]}
+    req = CompareRequest((first - 1, last), before=phases["queue_blocking"], after=phases["kv_cache_pressure"])
+    pack = load_pack()
+    local = compare(store_source(store, pack_window_evaluator(pack)), req)
+    remote = compare(remote_compare_source(engine_of(prom), pack), req)
+    assert [s["name"] for s in remote["signals"]] == [s["name"] for s in local["signals"]]
+    for r, s in zip(remote["signals"], local["signals"]):
+        assert (r["significant"], r["better"]) == (s["significant"], s["better"]), (r, s)
+        assert close(r["before"], s["before"]) and close(r["after"], s["after"]), (r, s)
+    assert remote["incidents"] == local["incidents"] and "kv_cache_pressure" in remote["incidents"]["started"]
+    assert remote["verdict"] == local["verdict"] == "regressed"

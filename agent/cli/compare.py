@@ -1,0 +1,143 @@
+"""`vllm-sentinel compare`: verify a fix: signals before and after a configuration change, with a verdict."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.cli.common import (DbOption, Exit, check_format, db_path, duration_ms, err, fail, out,
+                                            print_json, window)
+from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
+                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
+                                                        PrometheusConcurrencyOption, PrometheusOption,
+                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
+from vllm_sentinel.agent.cli.source import daemon_or_file
+from vllm_sentinel.agent.daemon.client import ApiError
+from vllm_sentinel.agent.diagnosis.compare import (CompareError, CompareRequest, NoChangeFound, NoDataInWindow,
+                                                   compare as compare_windows)
+from vllm_sentinel.agent.diagnosis.compare_sources import request_query, store_source
+from vllm_sentinel.agent.diagnosis.compare_sources import remote_source as remote_compare_source
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.promql.parser import PromQLError
+from vllm_sentinel.agent.store.db import StoreError
+from vllm_sentinel.collectors.prometheus import PrometheusError
+from vllm_sentinel.collectors.timefmt import parse_span_ms
+from vllm_sentinel.reports.compare_view import compare_markdown, render_compare
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def compare(change: str = typer.Option("auto", "--change", help="auto: around the latest configuration change or "
+                                       "restart in --since/--until (unless --before/--after are given)"),
+            before: Optional[str] = typer.Option(None, "--before", help="START..END: times (RFC 3339, Unix s) or "
+                                                 "durations ago, e.g. 2h..1h"),
+            after: Optional[str] = typer.Option(None, "--after", help="START..END, as --before, e.g. 50m..now"),
+            instance: Optional[str] = typer.Option(None, help="the instance (default: the only one with data)"),
+            versus: Optional[str] = typer.Option(None, help="a second instance, over the same window as --instance "
+                                                 "(a canary): --instance is before, --versus after"),
+            since: str = typer.Option("6h", help="the stretch searched for the change (or, with --versus, compared), "
+                                      "ending at --until"),
+            until: Optional[str] = typer.Option(None, help="its end: RFC 3339 or Unix seconds (default: now)"),
+            settle: str = typer.Option("60s", help="left out after a change before the after-window starts"),
+            window_len: Optional[str] = typer.Option(None, "--window", help="at most this long a side (default: "
+                                                     "as long as the data either side allows)"),
+            interval: Optional[str] = typer.Option(None, help="interval the significance test compares (default: "
+                                                   "a twelfth of the window, 10 s at least)"),
+            fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
+            out_dir: Optional[Path] = typer.Option(None, "--out", help="with --format markdown: write compare.md "
+                                                   "and its charts into this directory"),
+            db: Optional[Path] = DbOption,
+            prometheus: Optional[str] = PrometheusOption,
+            selector: Optional[str] = SelectorOption,
+            bearer_token_file: Optional[Path] = BearerTokenFileOption,
+            basic_auth_user: Optional[str] = BasicAuthUserOption,
+            basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
+            ca_file: Optional[Path] = CaFileOption,
+            insecure_skip_verify: bool = InsecureSkipVerifyOption,
+            prometheus_timeout: float = PrometheusTimeoutOption,
+            prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
+    """Verify a fix: signals before and after a change, each tested against the noise, and a verdict."""
+    check_format(fmt, ("table", "markdown", "json"))
+    if out_dir is not None and fmt != "markdown":
+        raise fail("--out writes the Markdown and its charts: use it with --format markdown", Exit.USAGE)
+    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
+                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    req = _request(change, before, after, instance, versus, since, until, settle, window_len, interval)
+    try:
+        with err.status("comparing the windows (incidents replayed over each)"):
+            if engine is not None:
+                doc = compare_windows(remote_compare_source(engine, load_pack()), req)
+            else:
+                doc = _from_store(db_path(db), req)
+    except (NoDataInWindow, NoChangeFound, CompareError, StoreError, ApiError, PrometheusError, PromQLError,
+            RuleFileError) as e:
+        raise fail(str(e)) from None
+    _print(doc, fmt, out_dir)
+
+
+def _request(change: str, before: Optional[str], after: Optional[str], instance: Optional[str],
+             versus: Optional[str], since: str, until: Optional[str], settle: str, window_len: Optional[str],
+             interval: Optional[str]) -> CompareRequest:
+    """The options as a CompareRequest; a bad one exits 2 naming it."""
+    if change != "auto":
+        raise fail(f"--change {change!r}: only auto (the latest change) is known; or give --before and --after",
+                   Exit.USAGE)
+    if bool(before) != bool(after) and not versus:
+        raise fail("--before and --after go together (or neither: the latest change is found)", Exit.USAGE)
+    if versus and not instance:
+        raise fail("--versus B compares B with --instance A over the same window: give --instance too", Exit.USAGE)
+    stretch = window(since, until)
+    if stretch[1] <= stretch[0]:
+        raise fail(f"--since {since}: give a positive duration", Exit.USAGE)
+    now = stretch[1] if until else int(time.time() * 1000)
+    spans = []
+    for flag, text in (("--before", before), ("--after", after)):
+        try:
+            spans.append(parse_span_ms(text, now) if text else None)
+        except ValueError as e:
+            raise fail(f"{flag}: {e}", Exit.USAGE) from None
+    settle_ms = duration_ms(settle, "--settle")
+    window_ms = duration_ms(window_len, "--window") if window_len else None
+    interval_ms = duration_ms(interval, "--interval") if interval else None
+    if interval_ms is not None and interval_ms < 1000:
+        raise fail(f"--interval {interval}: give 1s or more (a rate needs scrapes inside each interval)", Exit.USAGE)
+    if window_ms is not None and window_ms <= 0:
+        raise fail(f"--window {window_len}: give a positive duration", Exit.USAGE)
+    return CompareRequest(stretch, instance, versus, spans[0], spans[1], settle_ms, interval_ms, window_ms)
+
+
+def _from_store(db: Path, req: CompareRequest) -> dict:
+    """The compare document from the daemon that owns `db`, else from the file read-only."""
+    def from_file(store: object) -> dict:
+        return compare_windows(store_source(store, pack_window_evaluator(load_pack())), req)
+
+    answer = daemon_or_file(db, "/v1/compare", request_query(req), from_file, timeout=300.0)
+    if answer.daemon is None:
+        return answer.file
+    if "no_data" in answer.daemon:
+        raise NoDataInWindow(answer.daemon["no_data"])
+    if "compare_error" in answer.daemon:
+        raise CompareError(answer.daemon["compare_error"])
+    return {**answer.daemon, "source": f"daemon:{answer.socket}"}
+
+
+def _print(doc: dict, fmt: str, out_dir: Optional[Path]) -> None:
+    if fmt == "json":
+        print_json({k: v for k, v in doc.items() if k != "intervals"})
+    elif fmt == "markdown":
+        text = compare_markdown(doc, out_dir)
+        if out_dir is None:
+            sys.stdout.write(text)
+            return
+        path = out_dir / "compare.md"
+        path.write_text(text, encoding="utf-8")
+        out.print(f"Written: {path}", highlight=False)
+    else:
+        render_compare(out, doc)

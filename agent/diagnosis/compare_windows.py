@@ -1,0 +1,125 @@
+"""Which stretches of history `compare` sets side by side: given ones, or around the latest change.
+
+`--change auto` takes the latest event of an instance in the searched stretch: a configuration
+snapshot that differs from the one before it (the sidecar records one when the command line or
+the engine's cache config changes), or a restart of the API server (its process start time jumps).
+The server is down around a restart: `up` reads 0 from the old process' exit until the new one
+answers. The before-window ends where that gap starts, the after-window starts where it ends
+plus a settling margin (caches fill, queues reach their steady state), and both are as long as
+the shorter side allows (capped by `--window`), never reaching past an earlier change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_sentinel.agent.promql.remote import range_all
+from vllm_sentinel.collectors.timefmt import iso_seconds
+
+# the API server's start time: the sidecar's process collector, else vLLM's own process metrics
+RESTART_EXPRS = ('max by (instance) (vllm_sentinel_process_start_time_seconds{role="api_server"})',
+                 "max by (instance) (process_start_time_seconds)")
+GAP_SEARCH_MS = 15 * 60_000  # a restart's down time is looked for this far either side of the change
+GAP_STEP_MS = 5_000
+GAP_LOOK_S = 15  # each step reads `up` this far back: a Prometheus scrapes every 15 s by default
+MIN_INTERVALS_A_SIDE = 4
+
+
+class NoChangeFound(Exception):
+    """No configuration change or restart in the searched stretch, or too little data either side."""
+
+
+@dataclass(frozen=True)
+class ChangeWindows:
+    """The two windows compared, and what lies between them."""
+
+    before: tuple[int, int]
+    after: tuple[int, int]
+    change_ms: int | None = None  # the change event (None: windows given)
+    kind: str = "given"  # "configuration change", "restart", "given", "same window"
+    down: tuple[int, int] | None = None  # the server's down time around the change
+
+    def as_dict(self) -> dict:
+        """The contract's `window` object, plus the change and the skipped stretch between the windows."""
+        doc: dict[str, Any] = {"before": {"start": iso_seconds(self.before[0]), "end": iso_seconds(self.before[1])},
+                               "after": {"start": iso_seconds(self.after[0]), "end": iso_seconds(self.after[1])}}
+        if self.change_ms is not None:
+            doc["change"] = {"at": iso_seconds(self.change_ms), "kind": self.kind}
+        if self.down is not None:
+            doc["down"] = {"start": iso_seconds(self.down[0]), "end": iso_seconds(self.down[1])}
+        return doc
+
+
+def restarts(engine: Any, instance: str, lo_ms: int, hi_ms: int) -> list[int]:
+    """Start times (ms) of API server processes of `instance` that started in (lo_ms, hi_ms] after another."""
+    step = max(GAP_STEP_MS, (hi_ms - lo_ms) // 2000 // 1000 * 1000)
+    found: set[int] = set()
+    for result in range_all(engine, [(e, lo_ms, hi_ms, step) for e in RESTART_EXPRS]):
+        for series in result:
+            if series.labels.get("instance") != instance:
+                continue
+            values = [v for _, v in series.points]
+            for prev, cur in zip(values, values[1:]):
+                if cur > prev + 1 and lo_ms < cur * 1000 <= hi_ms:  # whole seconds: jitter is no restart
+                    found.add(int(cur * 1000))
+    return sorted(found)
+
+
+def down_around(engine: Any, instance: str, restart_ms: int, lo_ms: int, hi_ms: int) -> tuple[int, int] | None:
+    """(first down, back up) of the `up == 0` stretch holding a restart (the new process' start); None if none."""
+    lo, hi = max(lo_ms, restart_ms - GAP_SEARCH_MS), min(hi_ms, restart_ms + GAP_SEARCH_MS)
+    if hi - lo < GAP_STEP_MS:
+        return None
+    [result] = range_all(engine, [(f"min by (instance) (min_over_time(up[{GAP_LOOK_S}s]))", lo, hi, GAP_STEP_MS)])
+    points = next((s.points for s in result if s.labels.get("instance") == instance), [])
+    runs: list[list[int]] = []  # [first down, last down, first up after]
+    for t, v in points:
+        if v == 0:
+            if runs and runs[-1][2] == 0:
+                runs[-1][1] = t
+            else:
+                runs.append([t, t, 0])
+        elif runs and runs[-1][2] == 0:
+            runs[-1][2] = t
+    # the new process starts while the old one is gone and before it answers; a failed scrape elsewhere
+    # (a busy host) is no restart
+    around = [r for r in runs if r[2] and r[0] - GAP_LOOK_S * 1000 <= restart_ms <= r[2]]
+    if not around:
+        return None
+    first, _, up_again = around[-1]
+    return first - GAP_LOOK_S * 1000, up_again
+
+
+def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms: int, window_ms: int | None,
+                 interval_ms: int, config_changes: Callable[[str, int, int], list[int]]) -> ChangeWindows:
+    """The windows either side of the latest change of `instance` in `stretch`; NoChangeFound when none."""
+    lo, hi = stretch
+    configs = config_changes(instance, lo, hi)
+    starts = restarts(engine, instance, lo, hi)
+    events = sorted(set(configs) | set(starts))
+    if not events:
+        raise NoChangeFound(f"no configuration change or restart of {instance} between {iso_seconds(lo)} and "
+                            f"{iso_seconds(hi)}; widen --since/--until, or give --before/--after windows")
+    change = events[-1]
+    # the sidecar records a new command line once it finds the new server listening (startup takes a
+    # minute or more) and at its next snapshot: the restart behind a change is the last one before it,
+    # and the new settings were in force from the moment that server answered
+    restart = next((t for t in reversed(starts) if change - GAP_SEARCH_MS <= t <= change), None)
+    down = down_around(engine, instance, restart, lo, hi) if restart is not None else None
+    before_end, ready = down if down else (change, change)
+    after_start = ready + settle_ms
+    earlier = [e for e in events if e < before_end]
+    floor = max(lo, earlier[-1] + settle_ms) if earlier else lo
+    length = min(before_end - floor, hi - after_start)
+    if window_ms is not None:
+        length = min(length, window_ms)
+    if length < MIN_INTERVALS_A_SIDE * interval_ms:
+        raise NoChangeFound(
+            f"the change of {instance} at "
+            f"{iso_seconds(change)} leaves {max(0, length) // 1000} s either side (after a {settle_ms // 1000} s "
+            f"settling margin); compare needs {MIN_INTERVALS_A_SIDE * interval_ms // 1000} s: wait for more data "
+            "after it, lower --settle, or give --before/--after")
+    kind = "configuration change" if any(before_end <= c <= change for c in configs) else "restart"
+    return ChangeWindows((before_end - length, before_end), (after_start, after_start + length), change, kind, down)

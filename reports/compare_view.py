@@ -1,0 +1,141 @@
+"""The compare document for people: a terminal table, and Markdown with one before/after chart per signal.
+
+The configuration difference heads both, then the verdict and its reasons, then one row per signal
+(before, after, change, significant, better). Charts draw each signal's per-interval values of
+both windows on one time axis, the stretch between them (the change, the restart) shaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
+from vllm_sentinel.reports.charts import CHARTS_MISSING, chart_data, chart_filename, charts_available, draw_chart
+from vllm_sentinel.reports.mdescape import escape_md
+
+VERDICT_STYLE = {"improved": "bold green", "regressed": "bold red", "no clear change": "yellow"}
+# the signals charted in Markdown: one per family, the ones the verdict weighs
+CHARTED = ("ttft_p95_seconds", "itl_p95_seconds", "queue_time_p95_seconds", "e2e_p95_seconds",
+           "request_rate_per_s", "generation_tokens_per_s", "preemptions_per_s", "kv_cache_usage_ratio",
+           "gpu_util_percent", "dram_active_ratio")
+
+
+def fmt_number(v: float | None, unit: str = "") -> str:
+    """A value for a cell: 4 significant digits and its unit; '-' when unknown."""
+    if v is None:
+        return "-"
+    return f"{v:.4g}{' ' + unit if unit and unit != 'ratio' else ''}"
+
+
+def fmt_delta(v: float | None) -> str:
+    """'+12.5%', or '-' when the change has no finite per cent (from zero)."""
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+def _yes_no(v: bool | None) -> str:
+    return "-" if v is None else "yes" if v else "no"
+
+
+def config_lines(doc: dict) -> list[str]:
+    """'--max-num-seqs 4 -> 3 (at ...)' for each configuration change."""
+    return [f"{c['param']} {c['before'] or '-'} -> {c['after'] or '-'}" + (f" (at {c['at']})" if c.get("at") else "")
+            for c in doc["config_changes"]]
+
+
+def headline(doc: dict) -> str:
+    """The first line: what is compared with what."""
+    w = doc["window"]
+    insts = " vs ".join(doc["instances"])
+    return (f"{insts}: before {w['before']['start']} .. {w['before']['end']}, "
+            f"after {w['after']['start']} .. {w['after']['end']}")
+
+
+def render_compare(console: Console, doc: dict) -> None:
+    """The compare document as terminal text: configuration changes, verdict, signals table, incidents."""
+    console.print(escape(headline(doc)), highlight=False)
+    change = doc["window"].get("change")
+    if change:
+        console.print(escape(f"{change['kind']} at {change['at']}"), highlight=False)
+    lines = config_lines(doc)
+    console.print("[bold]configuration:[/] " + (escape("; ".join(lines)) if lines else "no difference recorded"),
+                  highlight=False)
+    style = VERDICT_STYLE.get(doc["verdict"], "bold")
+    reasons = "; ".join(doc.get("verdict_reasons") or []) or "no headline signal changed beyond the noise"
+    console.print(f"[{style}]verdict: {escape(doc['verdict'])}[/] ({escape(reasons)})", highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("signal", no_wrap=True)
+    for col, justify in ( ("before", "right"), ("after", "right"), ("change", "right"),
+                         ("significant", "center"), ("better", "center")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for s in doc["signals"]:
+        # the name carries the unit (_seconds, _per_s): cells stay narrow enough for 80 columns
+        table.add_row(escape(s["name"]), fmt_number(s["before"]), fmt_number(s["after"]),
+                      fmt_delta(s["delta_pct"]), _yes_no(s["significant"]), _yes_no(s["better"]))
+    console.print(table)
+    inc = doc["incidents"]
+    console.print(f"incidents stopped: {escape(', '.join(inc['stopped']) or 'none')}; "
+                  f"started: {escape(', '.join(inc['started']) or 'none')}", highlight=False)
+    load = doc.get("load") or {}
+    if load.get("per_request"):
+        console.print(f"request rates differ (x{load['ratio']:.2f}): preemptions are compared per finished request",
+                      highlight=False)
+    if doc["signals"]:
+        console.print(escape(f"significance: {doc['signals'][0]['method'].split(',')[0]}"), highlight=False)
+
+
+def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
+    """The compare document as Markdown; with `chart_dir`, one PNG per charted signal written there and linked."""
+    lines = [f"# vllm-sentinel compare: {escape_md(doc['verdict'])}", "", escape_md(headline(doc)) + ".", "",
+             "## Configuration", ""]
+    if doc["config_changes"]:
+        lines += ["| param | before | after | at |", "|---|---|---|---|"]
+        lines += [f"| {escape_md(c['param'], code=True)} | {escape_md(c['before'] or '-')} | "
+                  f"{escape_md(c['after'] or '-')} | {escape_md(c.get('at') or '-')} |" for c in doc["config_changes"]]
+    else:
+        lines.append("No configuration difference recorded.")
+    reasons = doc.get("verdict_reasons") or ["no headline signal changed beyond the noise"]
+    lines += ["", f"## Verdict: {escape_md(doc['verdict'])}", ""] + [f"* {escape_md(r)}" for r in reasons]
+    inc = doc["incidents"]
+    lines += ["", f"Incidents stopped: {escape_md(', '.join(inc['stopped']) or 'none')}. "
+                  f"Started: {escape_md(', '.join(inc['started']) or 'none')}.", "", "## Signals", "",
+              "| signal | before | after | change | significant | better | method |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {escape_md(s['name'])} | {fmt_number(s['before'], s['unit'])} | {fmt_number(s['after'], s['unit'])} | "
+              f"{fmt_delta(s['delta_pct'])} | {_yes_no(s['significant'])} | {_yes_no(s['better'])} | "
+              f"{escape_md(s['method'])} |" for s in doc["signals"]]
+    lines += ["", "## Charts", ""] + _chart_lines(doc, chart_dir)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _chart_lines(doc: dict, chart_dir: Path | None) -> list[str]:
+    """Links to the charts drawn into `chart_dir`, or the one line saying why there are none."""
+    if chart_dir is None:
+        return ["Charts: pass --out DIR to draw them."]
+    if not charts_available():
+        return [escape_md(CHARTS_MISSING)]
+    chart_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for data in compare_charts(doc):
+        path = draw_chart(data, chart_dir / chart_filename(data["signal"]))
+        out += [f"![{escape_md(data['signal'])}]({path.name})", ""]
+    return out or ["No signal to chart."]
+
+
+def compare_charts(doc: dict) -> list[dict]:
+    """The chart data (reports/charts.py `chart_data`) of each charted signal: before and after as two lines."""
+    w = doc["window"]
+    span = (parse_rfc3339_ms(w["before"]["start"]), parse_rfc3339_ms(w["after"]["end"]))
+    between = (parse_rfc3339_ms(w["before"]["end"]), parse_rfc3339_ms(w["after"]["start"]))
+    units = {s["name"]: s["unit"] for s in doc["signals"]}
+    out = []
+    for name in CHARTED:
+        sides = (doc.get("intervals") or {}).get(name)
+        if not sides:
+            continue
+        series = [({"window": side}, [(int(t), v) for t, v in sides[side]]) for side in ("before", "after")]
+        out.append(chart_data(name, series, window_ms=span, incident_ms=between, unit=units.get(name, ""),
+                              description="per interval; shaded: between the windows (the change)"))
+    return out

@@ -1,0 +1,150 @@
+"""`compare` on the recorded real session (reports/recordings/cpu-tiny-llama.prom.gz) in a real DuckDB file.
+
+The session ran its scenarios one after another on one server: queue_blocking (no preemption),
+then kv_cache_pressure (3 preemptions/s). Their windows are two real stretches of history with
+different preemption rates; two halves of the steady queue_blocking load are pure noise. The
+session has no restart, so the configuration change the sidecar would record is added as a
+snapshot (the recorded one with `--max-num-seqs` changed) at the start of kv_cache_pressure.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.diagnosis import liveconfig
+from vllm_sentinel.agent.diagnosis.compare import CompareError, CompareRequest, NoChangeFound, compare
+from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, request_query, store_source
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.ingest import ingest_text
+from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
+
+CANARY = "canary:8000"
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The recorded session in a DuckDB file, its phases, and its instance."""
+    meta = load_metadata(default_recording())
+    path = tmp_path_factory.mktemp("compare") / "session.duckdb"
+    instance = meta["config_snapshots"][0]["instance"]
+    with Store.open(path) as store:
+        first, last = replay_into(store, default_recording())
+    phases = {s["name"]: (s["start_ms"], s["end_ms"]) for s in meta["scenarios"]}
+    return {"path": path, "phases": phases, "instance": instance, "span": (first - 1, last)}
+
+
+@pytest.fixture(scope="module")
+def changed(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The session with a second snapshot at kv_cache_pressure's start: --max-num-seqs 4 -> 6."""
+    path = tmp_path_factory.mktemp("compare-change") / "changed.duckdb"
+    path.write_bytes(Path(session["path"]).read_bytes())
+    at = session["phases"]["kv_cache_pressure"][0]
+    with Store.open(path) as store:
+        cfg = liveconfig.load_snapshot_at(store, session["instance"], at)
+        assert cfg is not None and cfg.values["max_num_seqs"] == 4
+        cfg.values["max_num_seqs"] = 6
+        assert liveconfig.save_snapshot(store, cfg, at)
+    return {**session, "path": path, "change_ms": at}
+
+
+@pytest.fixture(scope="module")
+def canary(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The session beside a copy of itself under another instance name (a canary serving the same traffic)."""
+    path = tmp_path_factory.mktemp("compare-canary") / "canary.duckdb"
+    path.write_bytes(Path(session["path"]).read_bytes())
+    text = gzip.open(default_recording(), "rt").read().replace(f'instance="{session["instance"]}"',
+                                                               f'instance="{CANARY}"')
+    with Store.open(path) as store:
+        ingest_text(store, text, None, session["span"][1])
+    return {**session, "path": path}
+
+
+def run(path: Path, req: CompareRequest) -> dict:
+    with Store.open(path, read_only=True) as store:
+        doc = compare(store_source(store, pack_window_evaluator(load_pack())), req)
+    json.dumps(doc)  # the document is JSON as it stands
+    return doc
+
+
+def signals(doc: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in doc["signals"]}
+
+
+def test_a_real_difference_is_significant_with_the_contract_fields(session: dict) -> None:
+    p = session["phases"]
+    doc = run(session["path"], CompareRequest(session["span"], before=p["queue_blocking"], after=p["kv_cache_pressure"]))
+    assert doc["instances"] == [session["instance"]]
+    assert set(doc["window"]["before"]) == {"start", "end"} and set(doc["window"]["after"]) == {"start", "end"}
+    pre = signals(doc)["preemptions_per_s"]
+    assert set(pre) >= {"name", "before", "after", "delta_pct", "significant", "better", "method"}
+    assert pre["before"] == 0 and pre["after"] > 1, pre
+    assert pre["significant"] is True and pre["better"] is False, pre
+    assert "Mann-Whitney" in pre["method"]
+    # 1 200 short requests before, 370 long ones after: counts are weighed per finished request
+    assert doc["load"]["per_request"] is True and "per finished request" in pre["method"]
+    assert doc["incidents"]["started"] == ["kv_cache_pressure"], doc["incidents"]
+    assert doc["verdict"] == "regressed", doc["verdict_reasons"]
+    assert doc["config_changes"] == []  # one configuration throughout
+
+
+def test_noise_is_not_significant(session: dict) -> None:
+    start, end = session["phases"]["queue_blocking"]
+    mid = (start + end) // 2
+    doc = run(session["path"], CompareRequest(session["span"], before=(start, mid), after=(mid, end)))
+    tested = [s for s in doc["signals"] if s["method"].startswith("Mann-Whitney")]
+    assert len(tested) >= 10, [s["method"] for s in doc["signals"]]
+    assert [s["name"] for s in doc["signals"] if s["significant"]] == []
+    # the halves differ by a few per cent: a difference, but not one beyond the noise
+    assert any(s["delta_pct"] not in (None, 0) for s in tested)
+
+
+def test_change_auto_finds_the_snapshot_and_sets_equal_windows(changed: dict) -> None:
+    stretch = (changed["phases"]["queue_blocking"][0], changed["phases"]["kv_cache_pressure"][1])
+    doc = run(changed["path"], CompareRequest(stretch, settle_ms=10_000))
+    at = changed["change_ms"]
+    assert doc["config_changes"] == [{"param": "--max-num-seqs", "before": "4", "after": "6",
+                                      "at": doc["window"]["change"]["at"]}]
+    assert doc["window"]["change"]["kind"] == "configuration change"
+    w = {k: (parse_rfc3339_ms(v["start"]), parse_rfc3339_ms(v["end"])) for k, v in doc["window"].items()
+         if k in ("before", "after")}
+    assert w["before"][1] == at // 1000 * 1000 and w["after"][0] == (at + 10_000) // 1000 * 1000
+    assert w["before"][1] - w["before"][0] == w["after"][1] - w["after"][0]
+    assert signals(doc)["preemptions_per_s"]["significant"] is True
+    assert "kv_cache_pressure" in doc["incidents"]["started"]
+
+
+def test_no_change_and_too_little_after_it_say_so(session: dict, changed: dict) -> None:
+    p = session["phases"]
+    with pytest.raises(NoChangeFound, match="no configuration change or restart"):
+        run(session["path"], CompareRequest((p["healthy"][0], p["kv_cache_pressure"][1])))
+    with pytest.raises(NoChangeFound, match="either side"):  # the default 60 s margin leaves too little
+        run(changed["path"], CompareRequest((p["queue_blocking"][0], changed["change_ms"] + 70_000)))
+
+
+def test_versus_compares_two_instances_over_one_window(canary: dict) -> None:
+    window = canary["phases"]["kv_cache_pressure"]
+    doc = run(canary["path"], CompareRequest(canary["span"], instance=canary["instance"], versus=CANARY,
+                                             before=window))
+    assert doc["instances"] == [canary["instance"], CANARY]
+    assert doc["window"]["before"] == doc["window"]["after"]
+    # the same samples under two names: equal values, nothing significant, no verdict either way
+    assert all(s["before"] == s["after"] and not s["significant"] for s in doc["signals"])
+    assert doc["verdict"] == "no clear change"
+
+
+def test_several_instances_need_one_named(canary: dict) -> None:
+    with pytest.raises(CompareError, match="--instance"):
+        run(canary["path"], CompareRequest(canary["span"], before=canary["phases"]["healthy"],
+                                           after=canary["phases"]["queue_blocking"]))
+
+
+def test_the_daemon_query_round_trips() -> None:
+    req = CompareRequest((1, 2), "a:1", None, (3, 4), (5, 6), 10_000, None, 60_000)
+    assert request_from_query({k: str(v) for k, v in request_query(req).items()}) == req

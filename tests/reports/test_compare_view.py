@@ -1,0 +1,53 @@
+"""The compare document for people: the terminal table, Markdown, and one before/after chart per signal."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
+from vllm_sentinel.agent.diagnosis.compare_sources import store_source
+from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.reports.charts import charts_available
+from vllm_sentinel.reports.compare_view import compare_charts, compare_markdown, render_compare
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """compare over the recorded real session: queue_blocking before, kv_cache_pressure after."""
+    phases = {s["name"]: (s["start_ms"], s["end_ms"]) for s in load_metadata(default_recording())["scenarios"]}
+    with Store.open(tmp_path_factory.mktemp("view") / "s.duckdb") as store:
+        first, last = replay_into(store, default_recording())
+        return compare(store_source(store, pack_window_evaluator(load_pack())),
+                       CompareRequest((first, last), before=phases["queue_blocking"], after=phases["kv_cache_pressure"]))
+
+
+def test_the_table_leads_with_configuration_and_verdict(doc: dict) -> None:
+    buf = io.StringIO()
+    render_compare(Console(file=buf, width=80, color_system=None), doc)
+    text = buf.getvalue()
+    assert text.index("configuration:") < text.index("verdict: regressed") < text.index("preemptions_per_s")
+    assert "started: kv_cache_pressure" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_markdown_charts_both_windows(doc: dict, tmp_path: Path) -> None:
+    charts = compare_charts(doc)
+    pre = next(c for c in charts if c["signal"] == "preemptions_per_s")
+    assert [line["labels"]["window"] for line in sorted(pre["lines"], key=lambda x: x["label"])] == ["after", "before"]
+    assert all(v == 0 for line in pre["lines"] if line["labels"]["window"] == "before" for _, v in line["points"])
+    text = compare_markdown(doc, tmp_path)
+    assert text.startswith("# vllm-sentinel compare: regressed")
+    assert "| preemptions_per_s |" in text
+    if charts_available():
+        assert "![preemptions_per_s](chart-preemptions_per_s.png)" in text
+        assert (tmp_path / "chart-preemptions_per_s.png").stat().st_size > 0
+    else:
+        assert "matplotlib is not installed" in text
+    assert "pass --out DIR" in compare_markdown(doc, None)
