@@ -16,10 +16,7 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import load_params_file
 from vllm_sentinel.agent.cli.common import (DbOption, Exit, ParamsOption, RulesOption, check_format, db_path,
                                             duration_ms, err, fail, out, print_json, window)
-from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
-                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
-                                                        PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
+from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, NoLoadInWindow, capacity as capacity_doc
@@ -39,6 +36,7 @@ MIN_BIN_MS = 5000
 
 
 @app.command()
+@prometheus_options
 def capacity(ttft_p95: Optional[str] = typer.Option(None, "--ttft-p95", help="TTFT p95 objective, e.g. 2s "
                                                     "(default: the rules' ttft_slo_seconds)"),
              tpot_p95: Optional[str] = typer.Option(None, "--tpot-p95", help="TPOT (inter-token latency) p95 "
@@ -58,23 +56,14 @@ def capacity(ttft_p95: Optional[str] = typer.Option(None, "--ttft-p95", help="TT
              rules: Optional[list[Path]] = RulesOption,
              params: Optional[Path] = ParamsOption,
              db: Optional[Path] = DbOption,
-             prometheus: Optional[str] = PrometheusOption,
-             selector: Optional[str] = SelectorOption,
-             bearer_token_file: Optional[Path] = BearerTokenFileOption,
-             basic_auth_user: Optional[str] = BasicAuthUserOption,
-             basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
-             ca_file: Optional[Path] = CaFileOption,
-             insecure_skip_verify: bool = InsecureSkipVerifyOption,
-             prometheus_timeout: float = PrometheusTimeoutOption,
-             prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
+             remote: PrometheusArgs = PrometheusArgs()) -> None:
     """The highest load that met the latency objectives, the knee, and replicas for a target rate."""
     check_format(fmt, ("table", "markdown", "json"))
     if out_dir is not None and fmt != "markdown":
         raise fail("--out writes the Markdown report and its chart: use it with --format markdown", Exit.USAGE)
     if knee_factor <= 1:
         raise fail(f"--knee-factor {knee_factor:g}: must be above 1 (latency rising by that factor)", Exit.USAGE)
-    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    engine = remote.engine(db)
     start, end = window(since, until)
     query = _query(start, end, bin_, ttft_p95, tpot_p95, instance, _target(target_rate, target_rps), knee_factor,
                    rules, params)

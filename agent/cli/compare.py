@@ -13,10 +13,7 @@ from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.cli.common import (DbOption, Exit, check_format, db_path, duration_ms, err, fail, out,
                                             print_json, window)
-from vllm_sentinel.agent.cli.prometheus_options import (BasicAuthPasswordFileOption, BasicAuthUserOption,
-                                                        BearerTokenFileOption, CaFileOption, InsecureSkipVerifyOption,
-                                                        PrometheusConcurrencyOption, PrometheusOption,
-                                                        PrometheusTimeoutOption, SelectorOption, remote_source)
+from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.diagnosis.compare import (CompareError, CompareRequest, NoChangeFound, NoDataInWindow,
@@ -34,6 +31,7 @@ app = typer.Typer(add_completion=False)
 
 
 @app.command()
+@prometheus_options
 def compare(change: str = typer.Option("auto", "--change", help="auto: around the latest configuration change or "
                                        "restart in --since/--until (unless --before/--after are given)"),
             before: Optional[str] = typer.Option(None, "--before", help="START..END: times (RFC 3339, Unix s) or "
@@ -54,21 +52,12 @@ def compare(change: str = typer.Option("auto", "--change", help="auto: around th
             out_dir: Optional[Path] = typer.Option(None, "--out", help="with --format markdown: write compare.md "
                                                    "and its charts into this directory"),
             db: Optional[Path] = DbOption,
-            prometheus: Optional[str] = PrometheusOption,
-            selector: Optional[str] = SelectorOption,
-            bearer_token_file: Optional[Path] = BearerTokenFileOption,
-            basic_auth_user: Optional[str] = BasicAuthUserOption,
-            basic_auth_password_file: Optional[Path] = BasicAuthPasswordFileOption,
-            ca_file: Optional[Path] = CaFileOption,
-            insecure_skip_verify: bool = InsecureSkipVerifyOption,
-            prometheus_timeout: float = PrometheusTimeoutOption,
-            prometheus_concurrency: int = PrometheusConcurrencyOption) -> None:
+            remote: PrometheusArgs = PrometheusArgs()) -> None:
     """Verify a fix: signals before and after a change, each tested against the noise, and a verdict."""
     check_format(fmt, ("table", "markdown", "json"))
     if out_dir is not None and fmt != "markdown":
         raise fail("--out writes the Markdown and its charts: use it with --format markdown", Exit.USAGE)
-    engine = remote_source(prometheus, db, selector, bearer_token_file, basic_auth_user, basic_auth_password_file,
-                           ca_file, insecure_skip_verify, prometheus_timeout, prometheus_concurrency)
+    engine = remote.engine(db)
     req = _request(change, before, after, instance, versus, since, until, settle, window_len, interval)
     try:
         with err.status("comparing the windows (incidents replayed over each)"):
