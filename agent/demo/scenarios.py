@@ -31,7 +31,8 @@ from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, Tra
 from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.exposition import parse
-from vllm_sentinel.collectors.process import ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map
+from vllm_sentinel.collectors.process import (ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map,
+                                              read_state)
 
 # One server for every scenario: 8 x 128 = 1024 KV tokens, 4 sequences at most (see the docstring).
 SCENARIO_MAX_NUM_SEQS = 4
@@ -181,11 +182,7 @@ def _is_descendant(pid: int, ancestor: int | None, proc_root: str | Path) -> boo
 
 def process_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
     """The state letter of /proc/PID/stat ('R', 'S', 'T' for stopped, ...); None when gone."""
-    try:
-        text = (Path(proc_root) / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()[0]
+    return read_state(pid, proc_root)
 
 
 # -- scenarios ------------------------------------------------------------------------------------------
