@@ -9,7 +9,6 @@ size the CPU backend accepts, and without a higher --max-num-seqs anywhere. Dura
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,8 @@ import pytest
 
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
-from tests.integration.test_scenarios import _ms, _wait_for_daemon, assert_traffic_served, diagnose, incidents_named
+from tests.integration.test_scenarios import (_ms, _wait_for_daemon, assert_traffic_served, diagnose, incidents_named,
+                                             stop_daemon)
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +44,7 @@ def watched(tiny_model_dir: Path, server_log_dir: Path,
         time.sleep(5)  # a few scrapes and the first configuration snapshot
         yield server, db
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(timeout=10)
+        stop_daemon(daemon)
         server.stop()
 
 

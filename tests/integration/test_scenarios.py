@@ -88,13 +88,18 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
         yield Rig(server, db, daemon, prometheus, [])
     finally:
         prometheus.stop()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait(timeout=10)
+        stop_daemon(daemon)
         server.stop()
+
+
+def stop_daemon(daemon: subprocess.Popen[str]) -> None:
+    """SIGTERM the daemon and wait for it; kill it if it does not exit within a minute."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        daemon.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait(timeout=10)
 
 
 def running(rig: Rig) -> VllmServer:
