@@ -115,7 +115,8 @@ def fragmentation_block_size(cfg: LiveConfig, evidence: Mapping[str, float | Non
     if bs is None or not cfg.known("num_gpu_blocks") or ev_missing:
         return cannot_compute(param, bs, cfg, ["block_size", "num_gpu_blocks"], "the block size", ev_missing)
     blocks = cfg.get("num_gpu_blocks")
-    est = kvmath.fragmentation_estimate(running, p, g, usage * blocks, bs)
+    # vLLM keeps one block as its null block and reads usage over the rest (v1/core/block_pool.py get_usage)
+    est = kvmath.fragmentation_estimate(running, p, g, usage * (blocks - 1), bs)
     smallest = SMALLEST_BLOCK.get(cfg.get("platform"), SMALLEST_BLOCK_ANY)
     if bs <= smallest or est.wasted_slots <= 0:
         return None
@@ -124,7 +125,8 @@ def fragmentation_block_size(cfg: LiveConfig, evidence: Mapping[str, float | Non
     new_util = est.tokens_held / (est.tokens_held + new_waste) if est.tokens_held else 1.0
     per = est.mean_tokens_per_running
     # the same memory in smaller blocks: how many requests of this length it holds at once
-    fit_now, fit_new = blocks // math.ceil(per / bs), (blocks * bs // smallest) // math.ceil(per / smallest)
+    fit_now = (blocks - 1) // math.ceil(per / bs)
+    fit_new = (blocks * bs // smallest - 1) // math.ceil(per / smallest)
     return Fix(param, str(bs), str(smallest),
                f"{readable(round(running))} running requests hold about {readable(round(est.tokens_held))} tokens "
                f"({readable(round(per))} each: prompt {readable(round(p))} + half of "
