@@ -163,9 +163,9 @@ def kv_pressure_plan(seconds: float) -> TrafficPlan:
 
 
 def stall_plan(seconds: float) -> TrafficPlan:
-    """Two clients of long requests (32+400 tokens, 4 blocks each: both fit), so requests are running
-    when the engine freezes."""
-    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=400,
+    """Two clients of long requests (32+300 tokens, 3 blocks each: both fit in the 7 blocks vLLM uses of
+    8, one being its null block, so nobody is preempted), so requests are running when the engine freezes."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=300,
                        seed=14, request_timeout_s=seconds + 120)
 
 

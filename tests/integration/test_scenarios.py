@@ -210,7 +210,8 @@ def assert_stall_labelled(run: ScenarioRun, doc: dict, record_property: Callable
     found = assert_labelled_with_fix(doc, run)
     stopped, resumed = run.phase("stopped"), run.phase("resumed")
     during = [i for i in found if stopped - 1000 <= _ms(i["start"]) <= resumed + 5000]
-    assert len(during) == 1, found  # one incident for one freeze, however long
+    # one incident for one freeze, however long
+    assert len(during) == 1, [(i["start"], i["end"], [(e["signal"], e["value"]) for e in i["evidence"]]) for i in found]
     inc = during[0]
     delay_s = (_ms(inc["start"]) - stopped) / 1000
     record_property("detection_delay_s", round(delay_s, 1))
