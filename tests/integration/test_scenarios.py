@@ -240,6 +240,7 @@ def test_engine_stall_short(rig: Rig, record_property: Callable[[str, object], N
 
 def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) -> None:
     """A 60 s freeze with requests in flight: one incident from 10 s in until the engine resumes."""
+    time.sleep(10)  # the daemon takes one py-spy dump per target per 30 s: keep the previous stall's apart
     run, doc = diagnosed(rig, record_property, scenarios.engine_stall)
     inc = assert_stall_labelled(run, doc, record_property)
     assert inc["duration_s"] >= scenarios.DEFAULT_HOLD_S["engine_stall"] - STALL_DETECTION_S, inc
