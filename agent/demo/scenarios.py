@@ -325,6 +325,10 @@ def idle_freeze(server: VllmServer, seconds: float | None = None, say: Say = _qu
     os.kill(pid, signal.SIGSTOP)
     try:
         run.mark("stopped")
+        for _ in range(20):  # the stop lands when the process next runs: a busy host takes a moment
+            if read_state(pid) == "T":
+                break
+            time.sleep(0.1)
         run.detail["state_while_stopped"] = read_state(pid)
         time.sleep(freeze_s)
     finally:
