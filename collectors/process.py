@@ -11,12 +11,18 @@ Series (names carry the sidecar's prefix because vLLM's own /metrics already exp
   vllm_sentinel_process_resident_memory_bytes{role,pid}
   vllm_sentinel_process_threads{role,pid}
   vllm_sentinel_process_start_time_seconds{role,pid}  a change means the process was restarted
+  vllm_sentinel_process_stopped{role,pid}     1 while the process is stopped (state T or t: SIGSTOP, a tracer)
+  vllm_sentinel_server_client_connections     established client TCP connections to the target's port, not
+                                              counting the sidecar's own (its /metrics scrape): requests
+                                              in flight that vLLM's gauges may not show yet
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import sys
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +37,8 @@ ROLE_DP_COORDINATOR = "dp_coordinator"
 ROLE_OTHER = "other"
 
 _TCP_LISTEN = "0A"
+_TCP_ESTABLISHED = "01"
+_STOPPED_STATES = ("T", "t")  # stopped by a signal (SIGSTOP, SIGTSTP), or by a tracer
 # `PREFIX::Name[_suffix]`; comm is cut at 15 characters ("VLLM::EngineCor"), so match prefixes of names
 _TITLE = re.compile(r"^[A-Za-z0-9_.-]*::(?P<name>[A-Za-z]+)")
 
@@ -226,6 +234,75 @@ def read_usage(pid: int, proc_root: str | Path = "/proc") -> ProcessUsage | None
     )
 
 
+def read_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
+    """The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, ...); None if the process has exited."""
+    fields = _stat_fields(pid, proc_root)
+    return fields[0] if fields else None
+
+
+def socket_inodes(pid: int, proc_root: str | Path = "/proc") -> set[int]:
+    """Inodes of the sockets process `pid` holds open ('socket:[123]' links in /proc/PID/fd); empty if unreadable."""
+    fd_dir = Path(proc_root) / str(pid) / "fd"
+    out: set[int] = set()
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for fd in names:
+        try:
+            link = os.readlink(fd_dir / fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def client_connections(port: int, exclude_inodes: set[int] = frozenset(), proc_root: str | Path = "/proc") -> int:
+    """Established TCP connections to local `port` whose client end is not one of `exclude_inodes`.
+
+    A row of /proc/net/tcp{,6} in state 01 with local port `port` is the server's end of one client
+    connection. When the client runs on this host its own end is a row too, with the addresses
+    swapped; where that row's inode is one of `exclude_inodes` (the sidecar's sockets) the
+    connection is the sidecar's own scrape and is not counted. IPv4-mapped IPv6 addresses are
+    compared as IPv4, since a dual-stack server sees an IPv4 client as ::ffff:a.b.c.d.
+    (server rows 127.0.0.1:8000<-127.0.0.1:50000 and <-:50001, the sidecar holding :50001) -> 1.
+    """
+    rows = [r for name in ("tcp", "tcp6") for r in _tcp_rows(Path(proc_root) / "net" / name)]
+    own_ends = {(local, remote) for local, remote, state, inode in rows if inode in exclude_inodes}
+    return sum(1 for local, remote, state, _inode in rows
+               if state == _TCP_ESTABLISHED and local[1] == port and (remote, local) not in own_ends)
+
+
+def _tcp_rows(path: Path) -> list[tuple[tuple[str, int], tuple[str, int], str, int]]:
+    """(local, remote, state, inode) of each row of a /proc/net/tcp or tcp6 table; [] if unreadable."""
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 10:
+            continue
+        try:
+            rows.append((_endpoint(cols[1]), _endpoint(cols[2]), cols[3], int(cols[9])))
+        except ValueError:
+            continue
+    return rows
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """'0100007F:1F40' -> ('127.0.0.1', 8000); the kernel prints each 32-bit word of the address in host order."""
+    addr_hex, port_hex = text.rsplit(":", 1)
+    raw = bytes.fromhex(addr_hex)
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    ip = ipaddress.ip_address(packed)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port_hex, 16)
+
+
 class ProcessCollector:
     """Collector: rediscovers the target's vLLM processes each run and records their CPU and memory."""
 
@@ -258,6 +335,13 @@ class ProcessCollector:
             batch.add("vllm_sentinel_process_resident_memory_bytes", labels, float(usage.rss_bytes))
             batch.add("vllm_sentinel_process_threads", labels, float(usage.threads))
             batch.add("vllm_sentinel_process_start_time_seconds", labels, usage.start_time_s)
+            state = read_state(proc.pid, self.proc_root)
+            if state is not None:
+                batch.add("vllm_sentinel_process_stopped", labels, 1.0 if state in _STOPPED_STATES else 0.0)
+        if found:
+            own = socket_inodes(os.getpid(), self.proc_root)
+            batch.add("vllm_sentinel_server_client_connections", {},
+                      float(client_connections(target_port(self.target), own, self.proc_root)))
         roles = sorted({p.role for p in found})
         batch.status = CollectorStatus(self.name, ok=True, detail={
             "processes": len(found), "roles": roles, "pids": [p.pid for p in found]})

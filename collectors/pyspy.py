@@ -30,7 +30,7 @@ from typing import Protocol
 
 from .base import Event, now_ms
 from .frames import ProcessProfile, summarize
-from .process import ProcessDiscoveryError, discover, instance_of
+from .process import ProcessDiscoveryError, discover, instance_of, read_state
 
 KIND_DUMP = "dump"
 KIND_RECORD = "record"
@@ -287,11 +287,7 @@ class RateLimiter:
 
 def process_state(pid: int, proc_root: str | Path = "/proc") -> str:
     """State letter of a process from /proc/PID/stat ('R', 'S', 'D', 'T' stopped, 'Z' ...); '' if gone."""
-    try:
-        text = (Path(proc_root) / str(pid) / "stat").read_text()
-    except OSError:
-        return ""
-    return text[text.rindex(")") + 2:].split(" ", 1)[0]
+    return read_state(pid, proc_root) or ""
 
 
 def find_py_spy(explicit: str | None = None) -> str | None:

@@ -73,7 +73,8 @@ def _render_incident(console: Console, inc: dict, day: str, incidents: list[dict
     head.append(f" {sev.upper()} ", style=SEVERITY_STYLE.get(sev, "bold"))
     head.append(f" {inc.get('incident', '')} ", style="bold")
     head.append(f"{inc.get('instance', '')}  ")
-    head.append(f"{_clock(inc.get('start'), day)} -> {_clock(inc.get('end'), day)}  {inc.get('state', '')}",
+    lasted = f" ({inc['duration_s']:g} s)" if inc.get("duration_s") is not None else ""
+    head.append(f"{_clock(inc.get('start'), day)} -> {_clock(inc.get('end'), day)}{lasted}  {inc.get('state', '')}",
                 style="dim")
     console.print(head)
     console.print(Text(f"{pad}{inc.get('summary', '')}"))

@@ -10,9 +10,14 @@ times of its phases, so a caller (the integration tests, the demo, the recording
 * 400-token requests (4 blocks each) at concurrency 12 need 16 blocks for 4 sequences, more than
   the 8 there are -> the scheduler preempts for real -> kv_cache_pressure;
 * SIGSTOP of the EngineCore freezes the engine while the API server keeps answering /metrics with
-  requests in flight and no token progress -> engine_stall;
+  requests in flight and no token progress -> engine_stall (a short freeze of 15-20 s as well as a
+  long one); the same freeze of an idle server has nothing in flight -> nothing may fire;
 * stopping the server makes every scrape fail -> target_down (run it last: it ends the server);
 * one short request at a time -> healthy, nothing may fire.
+
+kv_fragmentation runs on a server of its own (`fragmentation_server_config`): 48 clients of ~16-token
+requests hold one 128-token block each, so 7 of the 8 blocks (one is vLLM's null block) cap how many
+run while --max-num-seqs 64 would allow more, and the rest wait.
 
 Nothing here prints; `say` callbacks carry progress to whoever wants it.
 """
@@ -31,22 +36,30 @@ from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, Tra
 from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.exposition import parse
-from vllm_sentinel.collectors.process import ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map
+from vllm_sentinel.collectors.process import (ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map,
+                                              read_state)
 
 # One server for every scenario: 8 x 128 = 1024 KV tokens, 4 sequences at most (see the docstring).
 SCENARIO_MAX_NUM_SEQS = 4
 SCENARIO_NUM_GPU_BLOCKS = 8
 SCENARIO_MAX_MODEL_LEN = 512
+FRAGMENTATION_MAX_NUM_SEQS = 64  # well above the 7 requests the blocks admit: sequences are not the limit
+FRAGMENTATION_CLIENTS = 48
 
 # How long each scenario holds its condition by default, from the shipped rules (rules/*.yaml):
 # queue_blocking and kv_cache_pressure fire `for: 1m` after their 2m-window signal crosses (10-20 s
-# into the load); engine_stall needs a whole 1m window without a token plus `for: 30s`; target_down
-# `for: 30s`. Each hold leaves 15-25 s of margin for a busy host and the 5 s evaluation step.
+# into the load); engine_stall fires 10 s after the last token (its window, `for: 0s`), held 60 s here
+# to show a long stall stays one incident; target_down `for: 30s`; kv_fragmentation's outage rule
+# `for: 1m` after its 1m window fills. Each hold leaves 15-25 s of margin for a busy host and the 5 s
+# evaluation step.
 DEFAULT_HOLD_S = {
     "healthy": 60.0,
     "queue_blocking": 105.0,
     "kv_cache_pressure": 105.0,
-    "engine_stall": 115.0,
+    "engine_stall": 60.0,
+    "engine_stall_short": 18.0,
+    "idle_freeze": 20.0,
+    "kv_fragmentation": 170.0,
     "target_down": 50.0,
     "load_imbalance": 105.0,
 }
@@ -104,6 +117,15 @@ class ScenarioRun:
                 "detail": self.detail}
 
 
+def fragmentation_server_config(model_dir: Path, **overrides: object) -> VllmServerConfig:
+    """kv_fragmentation's server: CPU's default 128-token blocks, 8 of them, and room for 64 sequences."""
+    kw: dict[str, object] = {"max_num_seqs": FRAGMENTATION_MAX_NUM_SEQS, "num_gpu_blocks_override": SCENARIO_NUM_GPU_BLOCKS,
+                             "max_model_len": SCENARIO_MAX_MODEL_LEN,
+                             "extra_env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "60"}}
+    kw.update(overrides)
+    return VllmServerConfig(model_dir=model_dir, **kw)  # type: ignore[arg-type]
+
+
 def scenario_server_config(model_dir: Path, **overrides: object) -> VllmServerConfig:
     """The engine settings every scenario is tuned for (fields of VllmServerConfig may be overridden)."""
     kw: dict[str, object] = {"max_num_seqs": SCENARIO_MAX_NUM_SEQS,
@@ -141,10 +163,16 @@ def kv_pressure_plan(seconds: float) -> TrafficPlan:
 
 
 def stall_plan(seconds: float) -> TrafficPlan:
-    """Two clients of long requests (32+400 tokens, 4 blocks each: both fit), so requests are running
-    when the engine freezes."""
-    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=400,
+    """Two clients of long requests (32+300 tokens, 3 blocks each: both fit in the 7 blocks vLLM uses of
+    8, one being its null block, so nobody is preempted), so requests are running when the engine freezes."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=2, prompt_tokens=32, max_tokens=300,
                        seed=14, request_timeout_s=seconds + 120)
+
+
+def fragmentation_plan(seconds: float) -> TrafficPlan:
+    """48 clients of 16-token prompts and 16-token outputs: each request holds 32 of its block's 128 slots at most."""
+    return TrafficPlan(requests=None, duration_s=seconds, concurrency=FRAGMENTATION_CLIENTS, prompt_tokens=16,
+                       max_tokens=16, seed=15)
 
 
 # -- processes -----------------------------------------------------------------------------------------
@@ -177,15 +205,6 @@ def _is_descendant(pid: int, ancestor: int | None, proc_root: str | Path) -> boo
         if pid <= 1:
             return False
     return False
-
-
-def process_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
-    """The state letter of /proc/PID/stat ('R', 'S', 'T' for stopped, ...); None when gone."""
-    try:
-        text = (Path(proc_root) / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()[0]
 
 
 # -- scenarios ------------------------------------------------------------------------------------------
@@ -234,8 +253,9 @@ def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float
     return out
 
 
-def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40) -> dict[str, float]:
-    """SIGSTOP `pid` at a moment the engine has reported running requests; return the gauges it froze with.
+def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40) -> tuple[dict[str, float], int]:
+    """SIGSTOP `pid` at a moment the engine has reported running requests; return the gauges it froze with
+    and the time (ms) of that SIGSTOP.
 
     vLLM's gauges change only when the engine reports a step, and requests sent to a frozen engine
     never reach its scheduler: a freeze that lands between two requests shows nothing in flight.
@@ -245,6 +265,7 @@ def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 4
     """
     for _ in range(attempts):
         os.kill(pid, signal.SIGSTOP)
+        stopped_ms = now_ms()
         try:
             time.sleep(0.3)  # outputs the engine sent before the stop are still being processed
             gauges = engine_gauges(server)
@@ -252,7 +273,7 @@ def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 4
             os.kill(pid, signal.SIGCONT)
             raise
         if gauges["vllm:num_requests_running"] > 0:
-            return gauges
+            return gauges, stopped_ms
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.4)
     raise ScenarioError(f"EngineCore pid {pid} never had a running request in {attempts} tries: is traffic "
@@ -274,11 +295,11 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
     load = BackgroundTraffic(server.url, server.model_name, stall_plan(warmup_s + stall_s + 10)).start()
     try:
         time.sleep(warmup_s)
-        gauges = freeze_with_requests_running(server, pid)
+        gauges, stopped_ms = freeze_with_requests_running(server, pid)
         try:
-            run.mark("stopped")
+            run.phases.append(("stopped", stopped_ms))
             run.detail["frozen_with"] = gauges
-            run.detail["state_while_stopped"] = process_state(pid)
+            run.detail["state_while_stopped"] = read_state(pid)
             time.sleep(stall_s)
         finally:
             os.kill(pid, signal.SIGCONT)
@@ -290,6 +311,38 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
     time.sleep(SETTLE_S)
     run.end_ms = now_ms()
     return run
+
+
+def idle_freeze(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """SIGSTOP the EngineCore of an idle server (no traffic, nothing running) for `seconds`: nothing may fire."""
+    freeze_s = seconds or DEFAULT_HOLD_S["idle_freeze"]
+    pid = find_engine_core(server)
+    run = ScenarioRun("idle_freeze", None, now_ms(), detail={"engine_core_pid": pid})
+    gauges = engine_gauges(server)
+    if gauges["vllm:num_requests_running"] or gauges["vllm:num_requests_waiting"]:
+        raise ScenarioError(f"idle_freeze needs an idle server; {server.url} reports {gauges}")
+    say(f"idle_freeze: SIGSTOP EngineCore pid {pid} of the idle server for {freeze_s:.0f} s")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        run.mark("stopped")
+        for _ in range(20):  # the stop lands when the process next runs: a busy host takes a moment
+            if read_state(pid) == "T":
+                break
+            time.sleep(0.1)
+        run.detail["state_while_stopped"] = read_state(pid)
+        time.sleep(freeze_s)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    run.mark("resumed")
+    time.sleep(SETTLE_S)
+    run.end_ms = now_ms()
+    return run
+
+
+def kv_fragmentation(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
+    """48 clients of short requests on `fragmentation_server_config`'s 8 blocks of 128: blocks, not sequences, run out."""
+    return _load_scenario("kv_fragmentation", "kv_fragmentation", server,
+                          fragmentation_plan(seconds or DEFAULT_HOLD_S["kv_fragmentation"]), say)
 
 
 def target_down(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:
@@ -344,6 +397,7 @@ SCENARIOS: dict[str, ScenarioFn] = {
     "queue_blocking": queue_blocking,
     "kv_cache_pressure": kv_cache_pressure,
     "engine_stall": engine_stall,
+    "idle_freeze": idle_freeze,
     "target_down": target_down,
 }
 

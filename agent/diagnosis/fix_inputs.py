@@ -93,3 +93,29 @@ def seqs_that_fit(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> tupl
     how = (f"KV capacity {readable(cap)} tokens ({cap_how}) x {KV_HEADROOM} headroom / "
            f"({per_how} + {bs // 2} for the partly filled last block) = {seqs} sequences")
     return seqs, how, []
+
+
+# the cache counts as full from here (vLLM's usage excludes its null block, so a full cache reads 1.0)
+KV_FULL = 0.9
+
+
+def block_granularity_limit(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> str | None:
+    """Why blocks, not sequences, cap concurrency now; None unless the cache is full of requests under half a block.
+
+    A running request holds its prompt plus about half its output; below half a block, the empty part
+    of its last block is most of what it holds, and a full cache admits nobody more whatever
+    --max-num-seqs says. (usage 1.0, running 7, prompt 16, output 16, block 128) -> 'the KV cache is
+    100% used by 7 running requests of ~24 tokens in 128-token blocks ...'.
+    """
+    (usage, running, p, g), absent = signals(evidence, "kv_usage", "running", "mean_prompt_tokens",
+                                             "mean_generation_tokens")
+    bs = cfg.get("block_size")
+    if absent or bs is None or usage < KV_FULL or not running:
+        return None
+    per = kvmath.mean_running_tokens(p, g)
+    if per >= bs / 2:
+        return None
+    blocks = f"{readable(cfg.get('num_gpu_blocks'))} blocks" if cfg.known("num_gpu_blocks") else "the blocks"
+    return (f"the KV cache is {usage:.0%} used by {readable(round(running))} running requests of ~{readable(round(per))} "
+            f"tokens in {bs}-token blocks ({per / bs:.0%} of each held block used): the scheduler admits a request "
+            f"only when a free block exists, so {blocks}, not --max-num-seqs, cap how many run")

@@ -5,11 +5,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from vllm_sentinel.agent.diagnosis import kvmath
-from vllm_sentinel.agent.diagnosis.fix_inputs import (cannot_compute, evidence_value, kv_capacity, readable,
-                                                      request_tokens, seqs_that_fit, signals)
+from vllm_sentinel.agent.diagnosis import kvmath, vllm_defaults
+from vllm_sentinel.agent.diagnosis.fix_inputs import (block_granularity_limit, cannot_compute, evidence_value,
+                                                      kv_capacity, readable, request_tokens, seqs_that_fit, signals)
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+
+# The smallest block each attention backend accepts, from the installed vLLM 0.32 source: the CPU backend's
+# kernel takes multiples of 32 (v1/attention/backends/cpu_attn.py get_supported_kernel_block_sizes ->
+# MultipleOf(32); platforms/cpu.py warns below that and defaults to 128); FlashAttention on CUDA takes
+# multiples of 16 (v1/attention/backends/flash_attn.py -> MultipleOf(16), 16 being the GPU default).
+# Where the platform is unknown, 32 is accepted by both.
+SMALLEST_BLOCK = {vllm_defaults.PLATFORM_CPU: 32, vllm_defaults.PLATFORM_GPU: 16}
+SMALLEST_BLOCK_ANY = 32
 
 # GPU memory a server may use at its peak before a fragmentation or activation spike kills it
 SAFE_GPU_MEMORY_RATIO = 0.95
@@ -100,24 +108,45 @@ def oom_max_model_len(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> 
 
 @register_fix("kv_fragmentation", "kv_fragmentation.block_size")
 def fragmentation_block_size(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
-    """A smaller --block-size when partly filled last blocks explain the unused KV slots."""
+    """The smallest --block-size the platform accepts, when partly filled last blocks explain the unused KV slots."""
     param, bs = "--block-size", cfg.get("block_size")
     (running, usage, p, g), ev_missing = signals(evidence, "running", "kv_usage", "mean_prompt_tokens",
                                                  "mean_generation_tokens")
     if bs is None or not cfg.known("num_gpu_blocks") or ev_missing:
         return cannot_compute(param, bs, cfg, ["block_size", "num_gpu_blocks"], "the block size", ev_missing)
-    est = kvmath.fragmentation_estimate(running, p, g, usage * cfg.get("num_gpu_blocks"), bs)
-    smallest = 32 if cfg.get("platform") == "cpu" else 16  # CPU prefers multiples of 32 (platforms/cpu.py:295)
+    blocks = cfg.get("num_gpu_blocks")
+    # vLLM keeps one block as its null block and reads usage over the rest (v1/core/block_pool.py get_usage)
+    est = kvmath.fragmentation_estimate(running, p, g, usage * (blocks - 1), bs)
+    smallest = SMALLEST_BLOCK.get(cfg.get("platform"), SMALLEST_BLOCK_ANY)
     if bs <= smallest or est.wasted_slots <= 0:
         return None
     # expected use with the smaller block: the same tokens, last-block waste shrinks with the block
     new_waste = running * (smallest - 1) / 2
     new_util = est.tokens_held / (est.tokens_held + new_waste) if est.tokens_held else 1.0
+    per = est.mean_tokens_per_running
+    # the same memory in smaller blocks: how many requests of this length it holds at once
+    fit_now = (blocks - 1) // math.ceil(per / bs)
+    fit_new = (blocks * bs // smallest - 1) // math.ceil(per / smallest)
     return Fix(param, str(bs), str(smallest),
                f"{readable(round(running))} running requests hold about {readable(round(est.tokens_held))} tokens "
-               f"({readable(round(est.mean_tokens_per_running))} each: prompt {readable(round(p))} + half of "
+               f"({readable(round(per))} each: prompt {readable(round(p))} + half of "
                f"{readable(round(g))} output) "
                f"in {readable(round(est.blocks_used))} blocks x {bs} = {readable(round(est.slots_held))} slots, "
                f"{est.utilisation:.0%} used; the partly filled last blocks alone waste "
                f"~{readable(round(est.expected_last_block_waste))} "
-               f"slots, with block {smallest} ~{readable(round(new_waste))} ({new_util:.0%} of held slots used)")
+               f"slots, with block {smallest} ~{readable(round(new_waste))} ({new_util:.0%} of held slots used). "
+               f"The same {readable(blocks * bs)} slots hold {readable(fit_now)} such requests at once in {bs}-token "
+               f"blocks, {readable(fit_new)} in {smallest}-token blocks ({smallest} is the smallest block "
+               f"{cfg.get('platform') or 'every platform'} accepts; a --num-gpu-blocks-override counts blocks: "
+               f"scale it by {bs // smallest})")
+
+
+@register_fix("kv_fragmentation.max_num_seqs")
+def fragmentation_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+    """Say why a higher --max-num-seqs cannot help while block granularity caps concurrency."""
+    blocked_by = block_granularity_limit(cfg, evidence)
+    if blocked_by is None:
+        return None
+    current = cfg.get("max_num_seqs")
+    return Fix("--max-num-seqs", None if current is None else str(current), None,
+               f"leave it: {blocked_by}; raising it admits nobody more, a smaller --block-size does")

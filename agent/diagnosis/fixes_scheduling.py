@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from vllm_sentinel.agent.diagnosis.fix_inputs import (MAX_BATCHED_TOKENS, cannot_compute, evidence_value, readable,
-                                                      round_down, seqs_that_fit, signals)
+from vllm_sentinel.agent.diagnosis.fix_inputs import (MAX_BATCHED_TOKENS, block_granularity_limit, cannot_compute,
+                                                      evidence_value, readable, round_down, seqs_that_fit, signals)
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.diagnosis.routing import cdf_from_quantiles, split_by_length
@@ -23,6 +23,10 @@ def queue_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) ->
     if seqs is None:
         return cannot_compute(param, current, cfg, need, "whether the KV cache has room for more sequences")
     if seqs <= current:
+        blocked_by = block_granularity_limit(cfg, evidence)
+        if blocked_by:  # say why the obvious knob is the wrong one: the queue comes from the block size
+            return Fix(param, str(current), None, f"not raised: {blocked_by}; a smaller --block-size lets more run "
+                                                  "(see kv_fragmentation)")
         return None  # no KV headroom: more sequences would only be preempted; replicas are the fix
     waiting = evidence_value(evidence, "waiting")
     target = min(seqs, 2 * current)  # at most double per change: watch TPOT before going further

@@ -127,6 +127,11 @@ def _json_float(v: float | None) -> float | None:
 
 
 # -- incident records ----------------------------------------------------------------------------
+def duration_s(start_ms: int, end_ms: int | None) -> float | None:
+    """Seconds from start to end of a resolved incident, None while it fires: (1000, 19500) -> 18.5."""
+    return None if end_ms is None else round((end_ms - start_ms) / 1000, 1)
+
+
 def incident_id(rule: str, labels: Mapping[str, str], start_ms: int) -> str:
     """Stable id from rule, labels and start: the same episode always gets the same id."""
     text = rule + "\x00" + json.dumps(sorted(labels.items())) + "\x00" + str(start_ms)
@@ -177,6 +182,7 @@ class Incident:
             "labels": {k: v for k, v in sorted(self.labels.items()) if k not in _OWN_LABELS},
             "start": iso_precise(self.start_ms),
             "end": iso_precise(self.end_ms),
+            "duration_s": duration_s(self.start_ms, self.end_ms),
             "state": self.state,
             "summary": self.annotations.get("summary", ""),
             "peak": _json_float(self.peak),
@@ -306,7 +312,8 @@ def stored_incidents(store: Any, start_ms: int, end_ms: int, instance: str | Non
     rows = incidents_overlapping(store, start_ms, end_ms, instance)
     return [{"id": r[0], "incident": r[1], "rule": r[2], "severity": r[3], "instance": r[4],
              "labels": {k: v for k, v in sorted(dict(r[5]).items()) if k not in _OWN_LABELS},
-             "start": iso_precise(r[6]), "end": iso_precise(r[7]), "state": r[8], "summary": r[9] or "",
+             "start": iso_precise(r[6]), "end": iso_precise(r[7]), "duration_s": duration_s(r[6], r[7]),
+             "state": r[8], "summary": r[9] or "",
              "peak": _json_float(r[10]), "evidence": json.loads(r[11] or "[]"), "fixes": json.loads(r[12] or "[]")}
             for r in rows]
 

@@ -18,10 +18,13 @@ from vllm_sentinel.collectors.process import (
     ProcessCollector,
     ProcessDiscoveryError,
     VllmProcess,
+    client_connections,
     discover,
     listening_inodes,
+    read_state,
     read_usage,
     role_from_title,
+    socket_inodes,
     target_port,
 )
 
@@ -135,6 +138,66 @@ def test_collector_reports_a_process_that_exited(fake_server):
     assert [(e.kind, e.labels["role"], e.labels["pid"]) for e in batch.events] == [
         ("process_exited", "worker", str(worker.pid))]
     assert {p.role for p in collector.processes} == {"api_server", "engine_core"}
+
+
+def _values(batch, metric: str) -> dict[str, float]:
+    return {lab: v for m, lab, v in zip(batch.metrics, batch.labels, batch.values) if m == metric}
+
+
+def test_collector_sees_a_stopped_engine_core_and_client_connections(fake_server):
+    proc, port = fake_server
+    collector = ProcessCollector(f"127.0.0.1:{port}")
+    collector.collect(1_000)
+    engine = next(p for p in collector.processes if p.role == "engine_core")
+    labels = f'pid="{engine.pid}",role="engine_core"'
+    # two clients of another process connect (the listener never accepts: the kernel completes the handshake)
+    clients = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import socket, sys, time
+        a = socket.create_connection(("127.0.0.1", {port})); b = socket.create_connection(("127.0.0.1", {port}))
+        print("ok", flush=True); time.sleep(30)""")], stdout=subprocess.PIPE, text=True)
+    own = socket.create_connection(("127.0.0.1", port))  # this process stands for the sidecar's own scrape
+    try:
+        assert clients.stdout is not None and clients.stdout.readline().strip() == "ok"
+        os.kill(engine.pid, signal.SIGSTOP)
+        _wait_for(lambda: read_state(engine.pid) == "T")
+        batch = collector.collect(2_000)
+        assert _values(batch, "vllm_sentinel_process_stopped")[labels] == 1.0
+        assert _values(batch, "vllm_sentinel_server_client_connections") == {"": 2.0}
+        assert client_connections(port) == 3  # with the own connection counted
+        assert client_connections(port, socket_inodes(os.getpid())) == 2
+    finally:
+        os.kill(engine.pid, signal.SIGCONT)
+        own.close()
+        clients.kill()
+        clients.wait()
+    _wait_for(lambda: read_state(engine.pid) != "T")
+    _wait_for(lambda: client_connections(port) == 0)
+    batch = collector.collect(3_000)
+    assert _values(batch, "vllm_sentinel_process_stopped")[labels] == 0.0
+    assert _values(batch, "vllm_sentinel_server_client_connections") == {"": 0.0}
+
+
+def test_client_connections_from_an_injected_proc_root(tmp_path):
+    # server [::]:8000 (dual stack) with two IPv4 clients seen as ::ffff:127.0.0.1; the client ends are rows
+    # of /proc/net/tcp; the one on port 0xC351 (50001) is held by pid 9 (the sidecar): not counted
+    net = tmp_path / "net"
+    net.mkdir()
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (net / "tcp").write_text(head +
+        "   0: 0100007F:C350 0100007F:1F40 01 00000000:00000000 00:00000000 00000000  0  0 801 1\n"
+        "   1: 0100007F:C351 0100007F:1F40 01 00000000:00000000 00:00000000 00000000  0  0 802 1\n")
+    mapped = "0000000000000000FFFF00000100007F"
+    (net / "tcp6").write_text(head +
+        f"   0: 00000000000000000000000000000000:1F40 {'0' * 32}:0000 0A 00000000:00000000 00:00000000 0 0 0 700 1\n"
+        f"   1: {mapped}:1F40 {mapped}:C350 01 00000000:00000000 00:00000000 0 0 0 701 1\n"
+        f"   2: {mapped}:1F40 {mapped}:C351 01 00000000:00000000 00:00000000 0 0 0 702 1\n")
+    (tmp_path / "9" / "fd").mkdir(parents=True)
+    os.symlink("socket:[802]", tmp_path / "9" / "fd" / "3")
+    os.symlink("/dev/null", tmp_path / "9" / "fd" / "4")
+    assert socket_inodes(9, tmp_path) == {802}
+    assert client_connections(8000, set(), tmp_path) == 2
+    assert client_connections(8000, socket_inodes(9, tmp_path), tmp_path) == 1
+    assert client_connections(8001, set(), tmp_path) == 0
 
 
 def test_cpu_counter_grows_with_work():

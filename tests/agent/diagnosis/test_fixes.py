@@ -123,7 +123,7 @@ def test_kv_fragmentation_block_size():
     ev = {"running": 100, "kv_usage": 0.1, "mean_prompt_tokens": 40, "mean_generation_tokens": 40}
     f = compute("kv_fragmentation", cfg, ev)
     assert (f.current, f.suggested) == ("128", "16")
-    assert "100 running requests hold about 6,000 tokens" in f.why and "200 blocks x 128 = 25,600 slots" in f.why
+    assert "100 running requests hold about 6,000 tokens" in f.why and "200 blocks x 128 = 25,587 slots" in f.why
     assert compute("kv_fragmentation", gpu_config(), ev) is None  # block 16 is already the smallest
     miss = compute("kv_fragmentation", cfg, {"running": 3})
     assert miss.suggested is None and "evidence kv_usage" in miss.why
@@ -210,3 +210,45 @@ def test_load_imbalance_without_the_flag_uses_the_busiest_replicas_running_peak(
 def test_load_imbalance_without_evidence_names_it():
     f = compute("load_imbalance.router", {}, {"waiting": 20})
     assert f.suggested is None and "evidence running" in f.why and "evidence idle_replicas" in f.why
+
+
+def cpu_config(*flags: str, blocks: int = 8) -> liveconfig.LiveConfig:
+    """The tiny model on vLLM's CPU backend as the scenarios run it: 128-token blocks, an 8-block cache."""
+    info = {"block_size": "128", "num_gpu_blocks": str(blocks), "kv_cache_memory_bytes": "1073741824",
+            "user_specified_block_size": "False", "enable_prefix_caching": "True", "cache_dtype": "auto"}
+    return liveconfig.build_live_config("cpu:8000", info, ["python", "-m", "vllm.entrypoints.openai.api_server",
+                                                           "--model", "/m", *flags], None, "not needed")
+
+
+# 48 clients of 16+16 tokens on the 8-block CPU cache: every block held, 7 run (one block is vLLM's null block)
+FRAGMENTED = {"running": 7, "kv_usage": 1.0, "mean_prompt_tokens": 16, "mean_generation_tokens": 16, "waiting": 41}
+
+
+def test_kv_fragmentation_block_size_respects_the_platforms_smallest_block():
+    cfg = cpu_config("--max-num-seqs", "64")
+    assert cfg.get("platform") == "cpu"
+    f = compute("kv_fragmentation", cfg, FRAGMENTED)
+    assert (f.current, f.suggested) == ("128", "32")  # the CPU kernel takes multiples of 32, not GPU's 16
+    # 7 x (16 + 8) = 168 tokens in 1.0 x 7 blocks (8 less vLLM's null block) x 128 = 896 slots: 19 % used
+    assert "7 running requests hold about 168 tokens" in f.why and "7 blocks x 128 = 896 slots, 19% used" in f.why
+    assert "hold 7 such requests at once in 128-token blocks, 31 in 32-token blocks" in f.why
+    assert "scale it by 4" in f.why
+    unknown = liveconfig.build_live_config("x:1", {"block_size": "128", "num_gpu_blocks": "8"}, None, None, "n/a")
+    assert unknown.get("platform") is None
+    assert compute("kv_fragmentation", unknown, FRAGMENTED).suggested == "32"  # accepted by every backend
+
+
+def test_when_blocks_cap_concurrency_max_num_seqs_is_not_raised_and_the_fix_says_why():
+    cfg = cpu_config("--max-num-seqs", "64")
+    q = compute("queue_blocking", cfg, FRAGMENTED)
+    assert (q.param, q.current, q.suggested) == ("--max-num-seqs", "64", None)
+    assert q.why.startswith("not raised: the KV cache is 100% used by 7 running requests of ~24 tokens in "
+                            "128-token blocks (19% of each held block used)")
+    assert "8 blocks, not --max-num-seqs, cap how many run" in q.why and "--block-size" in q.why
+    m = compute("kv_fragmentation.max_num_seqs", cfg, FRAGMENTED)
+    assert (m.current, m.suggested) == ("64", None) and m.why.startswith("leave it: ")
+    # long requests in a full cache: capacity, not granularity; the queue fix stays silent as before
+    long = {**FRAGMENTED, "mean_prompt_tokens": 200, "mean_generation_tokens": 200}
+    assert compute("queue_blocking", cfg, long) is None
+    assert compute("kv_fragmentation.max_num_seqs", cfg, long) is None
+    assert compute("kv_fragmentation.max_num_seqs", cfg, {**FRAGMENTED, "kv_usage": 0.5}) is None
