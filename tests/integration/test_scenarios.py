@@ -170,7 +170,22 @@ def diagnosed(rig: Rig, record_property: Callable[[str, object], None],
     rig.runs.append((run, doc))  # for test_prometheus_names_the_same_incidents, at the end
     record_property("scenario_seconds", round(run.seconds, 1))
     record_property("incidents", sorted({i["incident"] for i in doc["incidents"]}))
+    # detection delay (incident start minus the scenario's start; the stall tests record theirs from the
+    # SIGSTOP) and the episode structure diagnose printed: roots first, each symptom with what explains it
+    delays = [(_ms(i["start"]) - run.start_ms) / 1000 for i in incidents_named(doc, run.expected_incident or "")]
+    record_property("detection_delay_s", [round(d, 1) for d in delays])
+    record_property("episodes", episode_structure(doc))
     return run, doc
+
+
+def episode_structure(doc: dict) -> list[str]:
+    """['kv_cache_pressure <- queue_blocking, ttft_slo_breach', ...]: each root with what it explains."""
+    names = {i["id"]: i["incident"] for i in doc["incidents"]}
+    out = []
+    for root in (i for i in doc["incidents"] if not i.get("caused_by")):
+        explained = sorted({i["incident"] for i in doc["incidents"] if root["id"] in (i.get("caused_by") or [])})
+        out.append(f"{names[root['id']]} <- {', '.join(explained)}" if explained else names[root["id"]])
+    return out
 
 
 def test_healthy_light_load_fires_nothing(rig: Rig, record_property: Callable[[str, object], None]) -> None:
@@ -197,6 +212,21 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
     fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
     # 8 blocks x 128 tokens cannot hold 4 requests of ~400 tokens: fewer sequences, from the real config
     assert fixes and all(f["current"] == "4" and int(f["suggested"]) < 4 for f in fixes), fixes
+    # one root cause per episode: the pressure is a root, and the queueing and TTFT breaches that overlap it
+    # on the same instance are marked as explained by it (their own fixes stay in the JSON)
+    for kv in found:
+        assert kv["caused_by"] == [] and kv["episode"], kv
+        for inc in doc["incidents"]:
+            if inc["incident"] in ("queue_blocking", "ttft_slo_breach") and inc["episode"] == kv["episode"] \
+                    and _overlap(inc, kv):
+                assert kv["id"] in inc["caused_by"], (inc["incident"], inc["caused_by"], kv["id"])
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Two incidents' [start, end] spans (an open end: still firing) overlap."""
+    def end(i: dict) -> str:
+        return i.get("end") or "9999"
+    return a["start"] <= end(b) and b["start"] <= end(a)
 
 
 def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
