@@ -253,6 +253,7 @@ class NsysStatus:
     message: str
     under_nsys: bool = False
     nsys_path: str | None = None
+    # the `nsys launch` that runs the server: its pid, session and report file
     launcher_pid: int | None = None
     session: str | None = None
     output: str | None = None

@@ -17,6 +17,7 @@ LEVEL_COLUMNS = [
     ("tokens_per_s", "tok/s", "{:.0f}"),
     ("running_mean", "running", "{:.1f}"),
     ("littles_law_concurrency", "L=λW", "{:.1f}"),
+    # p95s from each level's summed histogram buckets
     ("ttft_p95_seconds", "TTFT p95", "{:.2f}s"),
     ("tpot_p95_seconds", "TPOT p95", "{:.3f}s"),
     ("queue_time_p95_seconds", "queue p95", "{:.2f}s"),

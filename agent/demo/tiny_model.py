@@ -60,6 +60,7 @@ class TinyModelSpec:
     hidden_size: int = 256
     intermediate_size: int = 512
     num_hidden_layers: int = 4
+    # heads and KV heads set the KV-cache bytes per token the planner computes
     num_attention_heads: int = 4
     num_key_value_heads: int = 2  # grouped-query attention, as most served models use
     max_position_embeddings: int = 2048

@@ -98,6 +98,7 @@ class TrafficResult:
     sent: int = 0
     ok: int = 0
     failed: int = 0
+    # as the server counted them, from each response's usage
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0

@@ -41,6 +41,7 @@ class VllmServerConfig:
 
     model_dir: Path
     served_model_name: str = MODEL_NAME
+    # scheduler and cache limits; None leaves vLLM's default
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     num_gpu_blocks_override: int | None = None

@@ -33,9 +33,11 @@ class Tally:
     """What a stretch of history served: counter increases, gauge means and summed histogram buckets."""
 
     seconds: float = 0.0
+    # counter increases over the stretch
     requests: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    # end-to-end latency histogram: its sum and count (a mean latency for Little's law)
     e2e_sum: float = 0.0
     e2e_count: float = 0.0
     running_s: float = 0.0  # running requests x seconds (a mean once divided by `seconds`)
