@@ -28,6 +28,7 @@ from vllm_sentinel.agent.promql.algebra import (COMPARISON, SET_OPS, Str, Vec, a
                                                 labels_key, order_sensitive, set_op, vector_binop, vector_scalar)
 from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_at, duration_ms, matchers_of,
                                                op_name, parse)
+from vllm_sentinel.agent.promql.window_cache import WindowCache
 from vllm_sentinel.agent.store import series_table, window_sql
 
 __all__ = ["Engine", "Sample", "Series", "PromQLError", "Unsupported"]
@@ -150,10 +151,13 @@ class _Ctx:
 class Engine:
     """Evaluates PromQL over a Store at an instant or over a range of steps."""
 
-    def __init__(self, store, lookback_ms: int = 300_000):
+    def __init__(self, store, lookback_ms: int = 300_000, incremental: bool = False):
         self.store = store
         self.lookback_ms = int(lookback_ms)
         self._catalog = _Catalog()
+        # incremental: evaluated again and again at advancing times (the daemon's rules): range windows are
+        # kept and topped up with what the store wrote since, instead of read whole each time
+        self._windows = WindowCache() if incremental else None
         # tests only: when True, aggregations note in `_order_sensitive` whether their answer depends on the
         # order series arrive in (Prometheus' own order is Go map iteration order, i.e. random)
         self._check_order = False
@@ -449,7 +453,8 @@ class Engine:
             steps = np.asarray(res["step"], dtype=np.int64)
             values, good = _quantile_over_time(res, quantile_q)
         else:
-            found = window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi)
+            found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi) if self._windows is not None
+                     else window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi))
             samples = windows.Samples(*found)
             ref = ctx.grid.t_ms - offset
             win = windows.locate(samples, ref, rng)

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from vllm_sentinel.agent.store.migrations import MIGRATIONS
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
+from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
 
@@ -126,6 +127,7 @@ class Store:
         self._next_id = 0
         self._partitions: dict[int, bool] = {}  # hour index -> sorted
         self._invalidated: str | None = None  # why DuckDB invalidated the connection; reopened before the next write
+        self.writes = WriteLog()  # what changed since a live reader's last read
         self._load()
 
     # -- opening -----------------------------------------------------------------------------
@@ -214,6 +216,8 @@ class Store:
                 raise
             for idx in hours:
                 self._partitions[idx] = False
+            if ts_col:
+                self.writes.note(min(ts_col))
             return len(ts_col)
 
     def _columns(self, batches: list[Batch]) -> tuple:
@@ -386,6 +390,7 @@ class Store:
                 self._partitions = saved
                 self._rollback()
                 raise
+            self.writes.note(EVERYTHING)
         return dropped
 
     def sort_closed(self, now_ms: int) -> list[str]:
@@ -413,6 +418,7 @@ class Store:
                 self._partitions[idx] = True
                 done.append(name)
             if done:
+                self.writes.note(EVERYTHING)  # same rows, another order: readers start over
                 _stall("rewrite:before_checkpoint")
                 self.con.execute("CHECKPOINT")
         return done
