@@ -88,9 +88,9 @@ class _Catalog:
         self._match_cache: dict[tuple, list[int]] = {}
         self._regex: dict[str, re.Pattern] = {}
 
-    def refresh(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Reload the series table when a series was added since the last query."""
-        version = series_table.series_version(cur)
+    def refresh(self, cur: duckdb.DuckDBPyConnection, version: tuple[int, int] | None = None) -> None:
+        """Reload the series table when a series was added since the last query (`version`: known already)."""
+        version = version or series_table.series_version(cur)
         if version == self.version:
             return
         self.sids, self.labels = [], []
@@ -169,7 +169,7 @@ class Engine:
         node = parse(expr)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur)
+            self._catalog.refresh(cur, self._series_version())
             ctx = _Ctx(self, cur, Grid(np.array([int(t_ms)], dtype=np.int64)))
             top = _unwrap(node)
             if isinstance(top, pp.MatrixSelector):
@@ -198,7 +198,7 @@ class Engine:
         t = np.arange(int(start_ms), int(end_ms) + 1, int(step_ms), dtype=np.int64)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur)
+            self._catalog.refresh(cur, self._series_version())
             val = self._eval(node, _Ctx(self, cur, Grid(t)))
         finally:
             cur.close()
@@ -213,6 +213,13 @@ class Engine:
                 out.append(Series(dict(key), [(int(a), float(b)) for a, b in zip(t[mask], val.v[i][mask])]))
         out.sort(key=lambda s: labels_key(s.labels))
         return out
+
+    def _series_version(self) -> tuple[int, int] | None:
+        # the live engine reads the writer's own store, whose series ids are dense from 0: no query needed
+        if self._windows is None:
+            return None
+        n = self.store.series_count
+        return (n, n - 1)
 
     # -- evaluation ---------------------------------------------------------------------------
     def _eval(self, node: pp.Expr, ctx: _Ctx):
