@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from vllm_sentinel.agent.store.migrations import MIGRATIONS
+from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
 from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
@@ -467,33 +467,6 @@ def table_exists(store: Store, name: str) -> bool:
     row = store.cursor().execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
     return bool(row and row[0])
-
-
-def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The highest migration applied to this database (0 for a new file)."""
-    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'").fetchone()[0]
-    if not has:
-        return 0
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
-
-
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Apply pending migrations, each in its own transaction and recorded; returns the new version."""
-    current = schema_version(con)
-    for version, description, statements in MIGRATIONS:
-        if version <= current:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for sql in statements:
-                con.execute(sql)
-            con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        current = version
-    return current
 
 
 def _check_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:
