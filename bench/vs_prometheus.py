@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -86,7 +87,7 @@ def metric_sum(url: str, name: str, where: str = "") -> float:
     return total
 
 
-def measure(pid: int, scrapes: callable, warmup_s: float, duration_s: float) -> dict:
+def measure(pid: int, scrapes: Callable[[], float], warmup_s: float, duration_s: float) -> dict:
     """CPU seconds and scrapes over duration_s after warmup_s; peak RSS at the end."""
     time.sleep(warmup_s)
     cpu0, n0, t0 = tree_cpu_s(pid), scrapes(), time.monotonic()
