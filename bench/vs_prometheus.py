@@ -180,8 +180,8 @@ def report(results: dict[str, dict], args: argparse.Namespace) -> None:
     if len(results) == 2:
         s, p = results["sidecar"], results["prometheus"]
         ratio = (s["cpu_s"] / max(s["scrapes"], 1)) / max(p["cpu_s"] / max(p["scrapes"], 1), 1e-12)
-        print(f"sidecar / prometheus: CPU per scrape {ratio:.2f}x, peak RSS {s['peak_rss_mib'] / p['peak_rss_mib']:.2f}x, "
-              f"bytes per sample {(s['disk_bytes'] / s['disk_samples']) / (p['disk_bytes'] / p['disk_samples']):.2f}x")
+        print(f"sidecar / prometheus: CPU per scrape {ratio:.2f}x, "
+              f"peak RSS {s['peak_rss_mib'] / p['peak_rss_mib']:.2f}x, bytes per sample {(s['disk_bytes'] / s['disk_samples']) / (p['disk_bytes'] / p['disk_samples']):.2f}x")
     print("CPU seconds per scrape hold on a shared host (other work does not add to a process's own CPU time); "
           "wall-clock figures (scrape count per second, % of a core) do not: the machine may be shared.")
 

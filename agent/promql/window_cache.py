@@ -47,12 +47,12 @@ class WindowCache:
             oldest = store.writes.oldest_since(kept.mark)
             start = kept.hi + 1 if oldest is None else min(kept.hi + 1, oldest)
             start = lo if start == EVERYTHING else max(lo, start)
-        if start == lo:
+        if kept is None or start == lo:
             found = window_sql.window_samples(cur, store.samples_sql(lo, hi), sids, lo, hi)
         elif start > hi:  # nothing written since, evaluated again at the same time
-            found = _trim(kept.found, lo, start)  # type: ignore[union-attr]
+            found = _trim(kept.found, lo, start)
         else:
-            found = _merge(_trim(kept.found, lo, start), self._recent(cur, store, sids, start, hi, mark))  # type: ignore[union-attr]
+            found = _merge(_trim(kept.found, lo, start), self._recent(cur, store, sids, start, hi, mark))
         self._kept[key] = _Kept(lo, hi, mark, found)
         self._newest = max(self._newest, hi)
         for k in [k for k, v in self._kept.items() if v.hi < self._newest - EVICT_MS]:
