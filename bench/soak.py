@@ -70,8 +70,11 @@ class Template:
         return ("".join(f"{text}{base + step * second!r}\n" for text, base, step in self.parts) + self.tail).encode()
 
 
-def serve(n: int, lifetime_s: float) -> None:
-    """Serve n targets on loopback, print their ports as one JSON line, exit after lifetime_s or with the parent."""
+def serve(n: int, lifetime_s: float, only: str | None = None) -> None:
+    """Serve n targets on loopback, print their ports as one JSON line, exit after lifetime_s or with the parent.
+
+    `only` gives every target that kind (bench/vs_prometheus.py: all healthy), else kind_of's mix.
+    """
     text = CAPTURE.read_text()
     templates = {k: Template(text, k) for k in KINDS}
     cache: dict[tuple[str, int], bytes] = {}
@@ -89,7 +92,7 @@ def serve(n: int, lifetime_s: float) -> None:
 
     servers = []
     for i in range(n):
-        kind = kind_of(i, n)
+        kind = only or kind_of(i, n)
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self, kind: str = kind) -> None:  # noqa: N802
@@ -250,9 +253,10 @@ def main() -> None:
     ap.add_argument("--daemon-arg", action="append", default=[], help="extra argument for `run` (repeatable)")
     ap.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)  # the target process
     ap.add_argument("--lifetime", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--kind", choices=KINDS, default=None, help=argparse.SUPPRESS)  # every target this kind
     args = ap.parse_args()
     if args.serve:
-        serve(args.serve, args.lifetime)
+        serve(args.serve, args.lifetime, args.kind)
         return
     if args.every is None:
         args.every = min(60.0, max(5.0, args.duration / 40))

@@ -58,6 +58,24 @@ def tick_batches(payload: str, ts: int, targets: int) -> list[Batch]:
     return batches
 
 
+def fresh_copy_size(path: Path, partitions: list[str], fresh: Path) -> int:
+    """Bytes of a new DuckDB file holding only these partitions and the series table.
+
+    DuckDB never shrinks a file in place, so a rewritten partition's real size is read from a copy.
+    """
+    import duckdb
+
+    con = duckdb.connect(str(fresh))
+    con.execute(f"ATTACH '{path}' AS src (READ_ONLY)")
+    for name in partitions:
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM src.{name}")
+    con.execute("CREATE TABLE series AS SELECT * FROM src.series")
+    con.execute("DETACH src")
+    con.execute("CHECKPOINT")
+    con.close()
+    return os.path.getsize(fresh)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=int, default=10, help="minutes of 1 Hz data for 16 targets")
@@ -101,19 +119,9 @@ def main() -> None:
         store.close()
         after = os.path.getsize(path)
         print(f"file before sorting: {before/samples:.2f} B/sample ({before/2**20:.1f} MiB for {samples:,} samples)")
-        # DuckDB never shrinks a file; measure the sorted partition in a fresh file to get its real size
-        fresh = Path(d) / "sorted-copy.duckdb"
-        import duckdb
-        con = duckdb.connect(str(fresh))
-        con.execute(f"ATTACH '{path}' AS src (READ_ONLY)")
-        for name in sorted_parts:
-            con.execute(f"CREATE TABLE {name} AS SELECT * FROM src.{name}")
-        con.execute("CREATE TABLE series AS SELECT * FROM src.series")
-        con.execute("DETACH src")
-        con.execute("CHECKPOINT")
-        con.close()
+        fresh = fresh_copy_size(path, sorted_parts, Path(d) / "sorted-copy.duckdb")
         print(f"closed partition sorted by (series_id, ts) in {took:.1f} s; "
-              f"{os.path.getsize(fresh)/samples:.2f} B/sample in a fresh file "
+              f"{fresh/samples:.2f} B/sample in a fresh file "
               f"(in-place file {after/2**20:.1f} MiB: DuckDB reuses, never shrinks)")
 
 

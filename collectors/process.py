@@ -303,22 +303,51 @@ def _endpoint(text: str) -> tuple[str, int]:
     return str(ip), int(port_hex, 16)
 
 
+REDISCOVER_S = 30.0  # a full /proc scan at least this often, for children that appeared meanwhile
+
+
 class ProcessCollector:
-    """Collector: rediscovers the target's vLLM processes each run and records their CPU and memory."""
+    """Collector: discovers the target's vLLM processes and records their CPU and memory.
+
+    Discovery scans every process's fd table, so its answer is kept while every process it found
+    is still alive (same start time, not a zombie) and for at most `rediscover_s`: a restarted
+    server, whose processes are new, is found again at the next run.
+    """
 
     name = "process"
 
-    def __init__(self, target: str, instance: str | None = None, proc_root: str | Path = "/proc") -> None:
+    def __init__(self, target: str, instance: str | None = None, proc_root: str | Path = "/proc",
+                 rediscover_s: float = REDISCOVER_S) -> None:
         self.target = target
         self.instance = instance or instance_of(target)
         self.proc_root = proc_root
+        self.rediscover_ms = int(rediscover_s * 1000)
         self.processes: list[VllmProcess] = []  # last discovery, for py-spy and the config reader
+        self._discovered_ms: int | None = None
+        self._starts: dict[int, str] = {}  # pid -> start time (stat field 22) when discovered
+
+    def _discover(self, now_ms: int) -> list[VllmProcess]:
+        """The last discovery while it still holds, else a new one (raises ProcessDiscoveryError)."""
+        if self._discovered_ms is not None and 0 <= now_ms - self._discovered_ms < self.rediscover_ms \
+                and all(self._start_of(pid) == start for pid, start in self._starts.items()):
+            return self.processes
+        self._discovered_ms = None
+        found = discover(self.target, self.proc_root)
+        self._starts = {p.pid: self._start_of(p.pid) for p in found}
+        # one that exited meanwhile: not kept, so the next run looks again
+        self._discovered_ms = now_ms if None not in self._starts.values() else None
+        return found
+
+    def _start_of(self, pid: int) -> str | None:
+        """A live process's start time (pid reuse shows as a change); None once it exited or is a zombie."""
+        fields = _stat_fields(pid, self.proc_root)
+        return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
     def collect(self, now_ms: int) -> Batch:
         """Discover, sample, and return the series; a discovery failure is a status, not an exception."""
         batch = Batch(instance=self.instance, ts_ms=now_ms)
         try:
-            found = discover(self.target, self.proc_root)
+            found = self._discover(now_ms)
         except ProcessDiscoveryError as exc:
             batch.status = CollectorStatus(self.name, ok=False, error=str(exc))
             batch.events.extend(self._changes([], now_ms))

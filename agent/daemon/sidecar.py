@@ -35,6 +35,8 @@ from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Eve
 log = logging.getLogger("vllm_sentinel.sidecar")
 
 DAY_MS = 86_400_000
+GATHER_FRACTION = 0.2  # a tick's batches are gathered for a fifth of the interval before one commit
+GATHER_MAX_S = 0.25
 WRITER_STUCK_S = 120.0  # the writer goes round every 0.2 s; this long without is a commit that never returns
 
 
@@ -261,16 +263,7 @@ class Sidecar:
         next_task = [time.monotonic() + every for every, _n, _f in self.config.writer_tasks]
         while True:
             self._writer_beat = time.monotonic()
-            try:
-                first = self._queue.get(timeout=0.2)
-                batches = [first]
-            except queue.Empty:
-                batches = []
-            while True:
-                try:
-                    batches.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batches = self._gather()
             if batches or self.committer.due():
                 self._commit(batches)
             elif self._stopping.is_set():
@@ -287,6 +280,29 @@ class Sidecar:
                 if t >= next_task[i]:
                     next_task[i] = t + every
                     self._guard(name, lambda fn=fn: fn(self.store, now_ms()))
+
+    def _gather(self) -> list[tuple[str, Batch]]:
+        """The batches of one tick: what arrives within GATHER_FRACTION of an interval of the first.
+
+        The targets' scrapes end a few milliseconds apart (jitter, network); committing them as one
+        transaction instead of one each costs a seventh of the CPU (DuckDB's fixed cost per commit).
+        """
+        try:
+            batches = [self._queue.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + min(GATHER_FRACTION * self.config.interval_s, GATHER_MAX_S)
+        while not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            try:
+                batches.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        while True:  # what is already queued goes in too, deadline or not
+            try:
+                batches.append(self._queue.get_nowait())
+            except queue.Empty:
+                return batches
 
     def _commit(self, batches: list[tuple[str, Batch]]) -> None:
         t0 = time.monotonic()

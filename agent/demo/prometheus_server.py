@@ -89,6 +89,8 @@ class PrometheusServer:
     scrape_timeout: str = "1s"
     job: str = "vllm"
     web_config: dict | None = None  # Prometheus' --web.config.file (TLS, basic auth)
+    rule_files: list[Path] = field(default_factory=list)  # evaluated every 5 s (the config's evaluation_interval)
+    extra_flags: list[str] = field(default_factory=list)  # e.g. --web.enable-admin-api for snapshots
     port: int = 0
     proc: subprocess.Popen | None = None
 
@@ -108,6 +110,8 @@ class PrometheusServer:
                    "scrape_timeout": self.scrape_timeout, "static_configs": [{"targets": list(self.targets)}]}]
         cfg = {"global": {"scrape_interval": self.scrape_interval, "evaluation_interval": "5s"},
                "scrape_configs": scrape if self.targets else []}
+        if self.rule_files:
+            cfg["rule_files"] = [str(p) for p in self.rule_files]
         path = self.data_dir / "prometheus.yml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
         return path
@@ -118,7 +122,7 @@ class PrometheusServer:
         self.port = self.port or free_port()
         cmd = [binary("prometheus"), f"--config.file={self._config()}", f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=100y",
-               "--log.level=warn"]
+               "--log.level=warn", *self.extra_flags]
         if self.web_config is not None:
             web = self.data_dir / "web.yml"
             web.write_text(yaml.safe_dump(self.web_config), encoding="utf-8")

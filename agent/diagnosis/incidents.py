@@ -220,7 +220,7 @@ class Evaluator:
         self.groups = _groups_of(rules)
         self.config_for = config_for
         self.external_labels = external_labels
-        self._engine_factory = engine_factory or _default_engine
+        self._engine_factory = engine_factory or _live_engine
         self._store: Any = None
         self._engine: Any = None
         self._groups_eval: GroupEvaluator | None = None
@@ -456,3 +456,8 @@ def window_evaluator(rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEF
 
 def _default_engine(store: Any) -> Any:
     return Engine(store, lookback_ms=300_000)
+
+
+def _live_engine(store: Any) -> Any:
+    # evaluated every few seconds at advancing times: windows kept and topped up, not read whole each time
+    return Engine(store, lookback_ms=300_000, incremental=True)

@@ -14,10 +14,8 @@ algebra.py, the SQL over the sample partitions in the store's window_sql.py.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
-import duckdb
 import numpy as np
 import promql_parser as pp
 
@@ -28,7 +26,9 @@ from vllm_sentinel.agent.promql.algebra import (COMPARISON, SET_OPS, Str, Vec, a
                                                 labels_key, order_sensitive, set_op, vector_binop, vector_scalar)
 from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_at, duration_ms, matchers_of,
                                                op_name, parse)
-from vllm_sentinel.agent.store import series_table, window_sql
+from vllm_sentinel.agent.promql.catalog import Catalog
+from vllm_sentinel.agent.promql.window_cache import WindowCache
+from vllm_sentinel.agent.store import window_sql
 
 __all__ = ["Engine", "Sample", "Series", "PromQLError", "Unsupported"]
 
@@ -77,69 +77,6 @@ class Grid:
         return len(self.t_ms)
 
 
-class _Catalog:
-    """The store's series table as label dicts, with selector results cached until it changes."""
-
-    def __init__(self) -> None:
-        self.version: tuple[int, int] | None = None
-        self.sids: list[int] = []
-        self.labels: list[dict[str, str]] = []
-        self._match_cache: dict[tuple, list[int]] = {}
-        self._regex: dict[str, re.Pattern] = {}
-
-    def refresh(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Reload the series table when a series was added since the last query."""
-        version = series_table.series_version(cur)
-        if version == self.version:
-            return
-        self.sids, self.labels = [], []
-        for sid, instance, metric, labels in series_table.series_labels(cur):
-            d = dict(labels) if labels else {}
-            if instance:
-                d["instance"] = instance
-            d["__name__"] = metric
-            self.sids.append(int(sid))
-            self.labels.append(d)
-        self._match_cache.clear()
-        self.version = version
-
-    def _re(self, pattern: str) -> re.Pattern:
-        rx = self._regex.get(pattern)
-        if rx is None:
-            try:
-                rx = re.compile(f"(?:{pattern})")
-            except re.error as e:
-                raise PromQLError(f"invalid regular expression {pattern!r}: {e}") from e
-            self._regex[pattern] = rx
-        return rx
-
-    def select(self, matchers: list[tuple[str, str, str]]) -> list[int]:
-        """Indexes into sids/labels of the series matching every matcher (regexes fully anchored)."""
-        cache_key = tuple(matchers)
-        hit = self._match_cache.get(cache_key)
-        if hit is not None:
-            return hit
-        out = []
-        tests = []
-        for name, op, value in matchers:
-            if op == "=":
-                tests.append(lambda d, n=name, v=value: d.get(n, "") == v)
-            elif op == "!=":
-                tests.append(lambda d, n=name, v=value: d.get(n, "") != v)
-            elif op == "=~":
-                rx = self._re(value)
-                tests.append(lambda d, n=name, rx=rx: rx.fullmatch(d.get(n, "")) is not None)
-            else:
-                rx = self._re(value)
-                tests.append(lambda d, n=name, rx=rx: rx.fullmatch(d.get(n, "")) is None)
-        for i, d in enumerate(self.labels):
-            if all(t(d) for t in tests):
-                out.append(i)
-        out.sort(key=lambda i: labels_key(self.labels[i]))
-        self._match_cache[cache_key] = out
-        return out
-
-
 class _Ctx:
     def __init__(self, engine: "Engine", cur, grid: Grid):
         self.engine = engine
@@ -150,10 +87,13 @@ class _Ctx:
 class Engine:
     """Evaluates PromQL over a Store at an instant or over a range of steps."""
 
-    def __init__(self, store, lookback_ms: int = 300_000):
+    def __init__(self, store, lookback_ms: int = 300_000, incremental: bool = False):
         self.store = store
         self.lookback_ms = int(lookback_ms)
-        self._catalog = _Catalog()
+        self._catalog = Catalog()
+        # incremental: evaluated again and again at advancing times (the daemon's rules): range windows are
+        # kept and topped up with what the store wrote since, instead of read whole each time
+        self._windows = WindowCache() if incremental else None
         # tests only: when True, aggregations note in `_order_sensitive` whether their answer depends on the
         # order series arrive in (Prometheus' own order is Go map iteration order, i.e. random)
         self._check_order = False
@@ -165,7 +105,7 @@ class Engine:
         node = parse(expr)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur)
+            self._catalog.refresh(cur, self._series_version())
             ctx = _Ctx(self, cur, Grid(np.array([int(t_ms)], dtype=np.int64)))
             top = _unwrap(node)
             if isinstance(top, pp.MatrixSelector):
@@ -194,7 +134,7 @@ class Engine:
         t = np.arange(int(start_ms), int(end_ms) + 1, int(step_ms), dtype=np.int64)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur)
+            self._catalog.refresh(cur, self._series_version())
             val = self._eval(node, _Ctx(self, cur, Grid(t)))
         finally:
             cur.close()
@@ -209,6 +149,13 @@ class Engine:
                 out.append(Series(dict(key), [(int(a), float(b)) for a, b in zip(t[mask], val.v[i][mask])]))
         out.sort(key=lambda s: labels_key(s.labels))
         return out
+
+    def _series_version(self) -> tuple[int, int] | None:
+        # the live engine reads the writer's own store, whose series ids are dense from 0: no query needed
+        if self._windows is None:
+            return None
+        n = self.store.series_count
+        return (n, n - 1)
 
     # -- evaluation ---------------------------------------------------------------------------
     def _eval(self, node: pp.Expr, ctx: _Ctx):
@@ -265,7 +212,7 @@ class Engine:
             v[rows, steps] = np.asarray(res["value"], dtype=np.float64)
             ok[rows, steps] = True
             ts[rows, steps] = np.asarray(res["ts"], dtype=np.int64)
-        return Vec([labels_key(cat.labels[i]) for i in idx], v, ok, ts)
+        return Vec(cat.keys(idx, keep_name=True), v, ok, ts)
 
     def _matrix_result(self, ms: pp.MatrixSelector, ctx: _Ctx, t_ms: int) -> list[Series]:
         sel = ms.vector_selector
@@ -449,7 +396,8 @@ class Engine:
             steps = np.asarray(res["step"], dtype=np.int64)
             values, good = _quantile_over_time(res, quantile_q)
         else:
-            found = window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi)
+            found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi) if self._windows is not None
+                     else window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi))
             samples = windows.Samples(*found)
             ref = ctx.grid.t_ms - offset
             win = windows.locate(samples, ref, rng)
@@ -465,9 +413,7 @@ class Engine:
         ok = np.zeros((len(sids), n), dtype=bool)
         v[rows[good], steps[good]] = values[good]
         ok[rows[good], steps[good]] = True
-        keys = [labels_key(cat.labels[i]) for i in idx]
-        if name != "last_over_time":
-            keys = [drop_name(k) for k in keys]
+        keys = cat.keys(idx, keep_name=name == "last_over_time")
         return dedupe(Vec(keys, v, ok), whole_series=True)
 
 

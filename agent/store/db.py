@@ -17,8 +17,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from vllm_sentinel.agent.store.migrations import MIGRATIONS
+from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
+from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
 
@@ -126,6 +127,7 @@ class Store:
         self._next_id = 0
         self._partitions: dict[int, bool] = {}  # hour index -> sorted
         self._invalidated: str | None = None  # why DuckDB invalidated the connection; reopened before the next write
+        self.writes = WriteLog()  # what changed since a live reader's last read
         self._load()
 
     # -- opening -----------------------------------------------------------------------------
@@ -214,6 +216,8 @@ class Store:
                 raise
             for idx in hours:
                 self._partitions[idx] = False
+            if ts_col:
+                self.writes.note(min(ts_col))
             return len(ts_col)
 
     def _columns(self, batches: list[Batch]) -> tuple:
@@ -386,6 +390,7 @@ class Store:
                 self._partitions = saved
                 self._rollback()
                 raise
+            self.writes.note(EVERYTHING)
         return dropped
 
     def sort_closed(self, now_ms: int) -> list[str]:
@@ -413,6 +418,7 @@ class Store:
                 self._partitions[idx] = True
                 done.append(name)
             if done:
+                self.writes.note(EVERYTHING)  # same rows, another order: readers start over
                 _stall("rewrite:before_checkpoint")
                 self.con.execute("CHECKPOINT")
         return done
@@ -461,33 +467,6 @@ def table_exists(store: Store, name: str) -> bool:
     row = store.cursor().execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()
     return bool(row and row[0])
-
-
-def schema_version(con: duckdb.DuckDBPyConnection) -> int:
-    """The highest migration applied to this database (0 for a new file)."""
-    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'").fetchone()[0]
-    if not has:
-        return 0
-    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
-
-
-def migrate(con: duckdb.DuckDBPyConnection) -> int:
-    """Apply pending migrations, each in its own transaction and recorded; returns the new version."""
-    current = schema_version(con)
-    for version, description, statements in MIGRATIONS:
-        if version <= current:
-            continue
-        con.execute("BEGIN TRANSACTION")
-        try:
-            for sql in statements:
-                con.execute(sql)
-            con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        current = version
-    return current
 
 
 def _check_schema(con: duckdb.DuckDBPyConnection, path: str) -> None:

@@ -11,6 +11,7 @@ FIRING_COLUMNS = "rule, labels, start_ms, peak, peak_ms, last_value, annotations
 STORED_COLUMNS = ("id, incident, rule, severity, instance, labels, start_ms, end_ms, state, summary, peak, "
                   "evidence, fixes")
 _ALL_COLUMNS = 18
+_ROWS_PER_STATEMENT = 100
 
 
 def firing_incident_rows(store: Any) -> list[tuple]:
@@ -23,7 +24,12 @@ def upsert_incidents(store: Any, rows: Sequence[tuple]) -> None:
     cur = store.cursor()
     cur.execute("BEGIN TRANSACTION")
     try:
-        cur.executemany(f"INSERT OR REPLACE INTO incidents VALUES ({', '.join('?' * _ALL_COLUMNS)})", rows)
+        # one statement for all rows: executemany pays a statement's fixed cost per row
+        one = f"({', '.join('?' * _ALL_COLUMNS)})"
+        for i in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[i:i + _ROWS_PER_STATEMENT]
+            cur.execute(f"INSERT OR REPLACE INTO incidents VALUES {', '.join([one] * len(chunk))}",
+                        [v for row in chunk for v in row])
         cur.execute("COMMIT")
     except BaseException:
         cur.execute("ROLLBACK")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import duckdb
+
 # One row per process captured (Capture.to_row in collectors/pyspy.py, ProfileCapture.to_row in
 # collectors/profiler.py). Columns: ts in ms since the epoch when the capture started; incident_id NULL for
 # an on-demand capture; role api_server | engine_core | worker | dp_coordinator; kind dump | record |
@@ -74,3 +76,30 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "CREATE INDEX captures_incident ON captures (incident_id)",
     ]),
 ]
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest migration applied to this database (0 for a new file)."""
+    has = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'").fetchone()[0]
+    if not has:
+        return 0
+    return con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply pending migrations, each in its own transaction and recorded; returns the new version."""
+    current = schema_version(con)
+    for version, description, statements in MIGRATIONS:
+        if version <= current:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for sql in statements:
+                con.execute(sql)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, now())", [version, description])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        current = version
+    return current

@@ -93,6 +93,12 @@ def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
     return rank, ts, val, by_sid
 
 
+def recent_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Non-stale samples of every series in [lo, hi] (columns ts, series_id, value), in no set order."""
+    return cur.execute(f"SELECT ts, series_id, value FROM {samples_sql} "
+                       f"WHERE ts BETWEEN {int(lo)} AND {int(hi)} AND value IS NOT NULL").fetchnumpy()
+
+
 def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], ref: np.ndarray,
                       range_ms: int, wanted: list[str], quantile: float | None = None) -> dict[str, np.ndarray]:
     """Aggregates over each (step, series) window [ref-range, ref]; one row per non-empty window.

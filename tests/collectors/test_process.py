@@ -288,3 +288,56 @@ def test_parse_flags_switches_no_flags_and_short_names():
     assert parse_flags(["--disable-foo", "--port", "9"]) == {"--disable-foo": "", "--port": "9"}
     assert parse_flags(["--no-x", "-tp", "4"], switches={"--x"}, short={"-tp": "--tensor-parallel-size"}) == {
         "--x": "false", "--tensor-parallel-size": "4"}
+
+
+_LATE_CHILD = textwrap.dedent("""
+    import os, signal, socket, time
+    import setproctitle
+
+    def spawn(*_):
+        if os.fork() == 0:
+            setproctitle.setproctitle("VLLM::EngineCore")
+            time.sleep(60)
+            os._exit(0)
+
+    signal.signal(signal.SIGUSR1, spawn)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    print(s.getsockname()[1], flush=True)
+    time.sleep(60)
+""")
+
+
+def test_discovery_is_kept_until_a_process_changes_or_it_is_old():
+    server = subprocess.Popen([sys.executable, "-c", _LATE_CHILD], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        port = int(server.stdout.readline())
+        collector = ProcessCollector(f"127.0.0.1:{port}", rediscover_s=30)
+        collector.collect(1_000)
+        assert [p.role for p in collector.processes] == ["api_server"]
+        server.send_signal(signal.SIGUSR1)  # an engine core starts after the first discovery
+        _wait_for(lambda: len(_titled_children(server.pid)) == 1)
+        # everything found is alive and younger than 30 s: kept, no /proc scan, so not seen yet
+        collector.collect(30_999)
+        assert [p.role for p in collector.processes] == ["api_server"]
+        collector.collect(31_000)
+        assert [p.role for p in collector.processes] == ["api_server", "engine_core"]
+        events = collector.collect(32_000).events
+        assert events == []  # and kept again
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def test_a_restarted_process_is_found_again_at_once(fake_server):
+    proc, port = fake_server
+    collector = ProcessCollector(f"127.0.0.1:{port}", rediscover_s=3600)
+    collector.collect(1_000)
+    worker = next(p for p in collector.processes if p.role == "worker")
+    os.kill(worker.pid, signal.SIGKILL)  # a zombie until its parent reaps it: gone all the same
+    _wait_for(lambda: read_usage(worker.pid) is None or
+              Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    batch = collector.collect(2_000)
+    assert [(e.kind, e.labels["pid"]) for e in batch.events] == [("process_exited", str(worker.pid))]
