@@ -258,29 +258,34 @@ def permission_fix(proc_root: str | Path = "/proc") -> str:
 
 
 class RateLimiter:
-    """At most one capture per target every `per_target_s` seconds and `per_incident` captures per incident."""
+    """At most one capture per target and reason every `per_target_s` seconds, `per_incident` per incident.
+
+    The reason is the incident kind that asked: a queue_blocking capture does not use up the slot of the
+    engine_stall that follows it 20 s later, whose stacks exist only while the engine is frozen."""
 
     def __init__(self, per_target_s: float = 30.0, per_incident: int = 3,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.per_target_s = per_target_s
         self.per_incident = per_incident
         self.clock = clock
-        self._last: dict[str, float] = {}
+        self._last: dict[tuple[str, str | None], float] = {}
         self._incident_counts: dict[str, int] = {}
 
-    def check(self, target: str, incident_id: str | None = None) -> str | None:
+    def check(self, target: str, incident_id: str | None = None, reason: str | None = None) -> str | None:
         """None if a capture may run now, else why not (nothing is recorded; call `take` when it runs)."""
-        last = self._last.get(target)
+        last = self._last.get((target, reason))
         if last is not None and self.clock() - last < self.per_target_s:
             wait = self.per_target_s - (self.clock() - last)
-            return f"{target} was captured {self.clock() - last:.0f} s ago; next capture allowed in {wait:.0f} s"
+            why = f" for {reason}" if reason else ""
+            return (f"{target} was captured{why} {self.clock() - last:.0f} s ago; "
+                    f"next capture allowed in {wait:.0f} s")
         if incident_id is not None and self._incident_counts.get(incident_id, 0) >= self.per_incident:
             return f"incident {incident_id} already has {self.per_incident} captures"
         return None
 
-    def take(self, target: str, incident_id: str | None = None) -> None:
-        """Record that a capture of `target` (for `incident_id`) starts now."""
-        self._last[target] = self.clock()
+    def take(self, target: str, incident_id: str | None = None, reason: str | None = None) -> None:
+        """Record that a capture of `target` (for `incident_id`, of kind `reason`) starts now."""
+        self._last[(target, reason)] = self.clock()
         if incident_id is not None:
             self._incident_counts[incident_id] = self._incident_counts.get(incident_id, 0) + 1
 
@@ -417,16 +422,18 @@ class TargetCapture:
 
 def capture_target(target: str, spy: PySpy, processes: list[VllmProcessLike], *, instance: str,
                    kind: str = KIND_DUMP, duration_s: int = 3, incident_id: str | None = None,
-                   limiter: RateLimiter | None = None, idle: bool = False) -> TargetCapture:
-    """Capture all `processes` of a target at once (one py-spy per process, in parallel), rate-limited.
+                   limiter: RateLimiter | None = None, idle: bool = False,
+                   reason: str | None = None) -> TargetCapture:
+    """Capture all `processes` of a target at once (one py-spy per process, in parallel), rate-limited
+    per target and `reason` (the incident kind that asks).
 
     `processes` come from collectors.process.discover (anything with pid and role).
     """
     if limiter is not None:
-        refusal = limiter.check(target, incident_id)
+        refusal = limiter.check(target, incident_id, reason)
         if refusal is not None:
             return TargetCapture(target, instance, STATUS_RATE_LIMITED, refusal)
-        limiter.take(target, incident_id)
+        limiter.take(target, incident_id, reason)
     if not processes:
         return TargetCapture(target, instance, STATUS_NO_PROCESSES, f"no vLLM processes found for {target}")
     if spy.command is None:

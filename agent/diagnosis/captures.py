@@ -26,6 +26,9 @@ CAPTURE_ON = {"engine_stall", "frontend_cpu_bound", "queue_blocking", "prefill_h
 # Not for a stall: a frozen engine cannot start its profiler, and the request would hang until its timeout.
 PROFILER_PER_TARGET_S = 600.0
 PROFILE_ON = CAPTURE_ON - {"engine_stall"}
+# captured even while the daemon is over its CPU budget: a frozen engine leaves its cores idle, and its
+# stacks exist only until it resumes (a deferred capture would show a running engine)
+NEVER_DEFERRED = {"engine_stall"}
 MAX_DEFERRED = 16  # captures waiting for CPU budget; older ones are dropped (their moment has passed)
 
 
@@ -110,7 +113,7 @@ class IncidentCapturer:
             proc = self.processes_of.get(inc.get("instance"))
             if proc is None:
                 continue
-            if self.gate is not None and not self.gate("capture", False):
+            if inc.get("incident") not in NEVER_DEFERRED and self.gate is not None and not self.gate("capture", False):
                 self.last_status[proc.instance] = "deferred: the daemon is over its --cpu-budget"
                 self._deferred = (self._deferred + [(proc, iid, inc.get("incident"))])[-MAX_DEFERRED:]
                 continue
@@ -119,7 +122,7 @@ class IncidentCapturer:
     def _capture(self, store: Store, proc, incident_id: str, kind: str | None = None) -> None:
         try:
             taken = capture_target(proc.target, self.spy, list(proc.processes), instance=proc.instance,
-                                   incident_id=incident_id, limiter=self.limiter)
+                                   incident_id=incident_id, limiter=self.limiter, reason=kind)
             self.last_status[proc.instance] = f"{taken.status}: {taken.error}" if taken.error else taken.status
             if taken.status != "rate_limited":
                 save(store, taken)

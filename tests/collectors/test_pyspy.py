@@ -150,6 +150,16 @@ def test_rate_limiter_per_target_and_per_incident():
     assert lim.check("a", None) is None
 
 
+def test_rate_limiter_keeps_each_incident_kind_its_own_slot():
+    """A queue_blocking capture does not take the slot of an engine_stall 20 s later (its stacks exist only then)."""
+    now = [1000.0]
+    lim = ps.RateLimiter(per_target_s=30, clock=lambda: now[0])
+    lim.take("a", "q1", "queue_blocking")
+    now[0] += 20
+    assert lim.check("a", "s1", "engine_stall") is None
+    assert "captured for queue_blocking 20 s ago" in lim.check("a", "q2", "queue_blocking")
+
+
 @needs_pyspy
 def test_capture_target_runs_all_processes_and_rate_limits(spinner):
     procs = [VllmProcess(spinner.pid, 1, "api_server", "python"), VllmProcess(spinner.pid, 1, "worker", "x")]

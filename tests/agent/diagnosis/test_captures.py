@@ -94,3 +94,38 @@ def test_an_opened_incident_gets_real_stacks_and_at_most_one_vllm_profiler_trace
     assert traces[0]["artifact"] == str(trace_dir) and traces[0]["files"] == [str(trace_dir / "rank0.2.pt.trace.json.gz")]
     assert events == [("pyspy_capture",), ("profiler_capture",), ("pyspy_capture",), ("pyspy_capture",)]
     assert prof["kind"] == "py-spy" and prof["processes"][0]["role"] == "api_server" and prof["traces"] == traces
+
+
+def test_over_budget_a_stall_is_still_captured_and_other_kinds_wait(tmp_path: Path):
+    """Over the CPU budget a queue_blocking capture waits for a later evaluation; an engine_stall's does
+    not (a frozen engine leaves its cores idle, and its stacks exist only until it resumes)."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
+    from vllm_sentinel.collectors.process import VllmProcess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    asked: list[tuple[str, bool]] = []
+
+    def over_budget(work: str, retry: bool) -> bool:
+        asked.append((work, retry))
+        return False
+
+    try:
+        target = SimpleNamespace(target="http://127.0.0.1:8000", instance="127.0.0.1:8000",
+                                 processes=[VllmProcess(child.pid, 1, "engine_core", "python")])
+        capturer = IncidentCapturer({target.instance: target}, gate=over_budget)
+        opened = {"q": {"incident": "queue_blocking", "instance": target.instance},
+                  "s": {"incident": "engine_stall", "instance": target.instance}}
+        with Store.open(tmp_path / "s.duckdb") as store:
+            capturer.after_evaluation(store, {"opened": ["q", "s"]}, opened)
+            capturer.close()
+            rows = store.con.execute("SELECT incident_id, status FROM captures").fetchall()
+    finally:
+        child.kill()
+        child.wait()
+    assert rows == [("s", "ok")], rows
+    assert asked == [("capture", False)]  # only the queue_blocking capture asked, and was refused
+    assert capturer.last_status[target.instance] == "ok" and len(capturer._deferred) == 1
