@@ -9,6 +9,11 @@ two sides differ by more than LOAD_TOLERANCE, counts that grow with load (preemp
 per finished request instead of per second, so a quieter after-window cannot pass for a fix.
 Latency quantiles are per request already and are not rescaled.
 
+An incident counts for the after side when it started in the after window or was still firing at its
+end. One that began before the after window and resolved inside it is the before side's, carried
+over: a rule's window (preemptions over 2 m) still reads the samples from before the change for a
+while, and a replay finds such a condition true from the after window's first evaluation.
+
 The verdict weighs the headline signals (p95 latencies, throughput, preemptions) that changed
 significantly, and the incidents that stopped or started (each counts twice: an incident is
 several signals agreeing); with no headline signal beyond the noise it is "no clear change",
@@ -27,7 +32,7 @@ from vllm_sentinel.agent.diagnosis.compare_windows import ChangeWindows, NoChang
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
 from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
 from vllm_sentinel.agent.diagnosis.significance import ALPHA, MIN_INTERVALS, compare_intervals
-from vllm_sentinel.collectors.timefmt import iso_seconds
+from vllm_sentinel.collectors.timefmt import iso_seconds, parse_rfc3339_ms
 
 LOAD_TOLERANCE = 0.10  # request rates within 10 %: the same traffic, nothing rescaled
 MIN_EFFECT_PCT = 5.0  # a significant change is also at least this large
@@ -89,7 +94,8 @@ def compare(source: CompareSource, req: CompareRequest) -> dict:
     signals = [s for s in (_signal(sig, before, after, load, interval) for sig in SIGNALS) if s is not None]
     changes = config_diff(source.config_at(instance, windows.before[1] - 1), source.config_at(other, windows.after[1]),
                           windows.change_ms)
-    incidents = incident_changes(source.incidents(*windows.before, instance), source.incidents(*windows.after, other))
+    incidents = incident_changes(source.incidents(*windows.before, instance), source.incidents(*windows.after, other),
+                                 windows.after)
     verdict, reasons = decide(signals, incidents)
     return {
         "window": windows.as_dict(),
@@ -218,10 +224,21 @@ def config_diff(before: dict[str, Any], after: dict[str, Any], at_ms: int | None
     return out
 
 
-def incident_changes(before: list[dict], after: list[dict]) -> dict:
-    """Which incident kinds stopped (before, not after) and started (after, not before)."""
-    b, a = {i["incident"] for i in before}, {i["incident"] for i in after}
-    return {"stopped": sorted(b - a), "started": sorted(a - b), "before": sorted(b), "after": sorted(a)}
+def incident_changes(before: list[dict], after: list[dict], after_window: tuple[int, int] | None = None) -> dict:
+    """Which incident kinds stopped (before, not after) and started (after, not before); with the after
+    window, those that began before it and resolved inside it are carried over, not the after side's."""
+    carried = [i for i in after if after_window is not None and carried_over(i, *after_window)]
+    b = {i["incident"] for i in before}
+    a = {i["incident"] for i in after if i not in carried}
+    doc = {"stopped": sorted(b - a), "started": sorted(a - b), "before": sorted(b), "after": sorted(a)}
+    doc["carried_over"] = sorted({i["incident"] for i in carried} - a)
+    return doc
+
+
+def carried_over(inc: dict, start_ms: int, end_ms: int) -> bool:
+    """The incident began at or before `start_ms` and resolved before `end_ms`."""
+    return (parse_rfc3339_ms(inc["start"]) <= start_ms and bool(inc.get("end"))
+            and parse_rfc3339_ms(inc["end"]) < end_ms)
 
 
 def decide(signals: list[dict], incidents: dict) -> tuple[str, list[str]]:

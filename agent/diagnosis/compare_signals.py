@@ -1,10 +1,14 @@
 """The signals `compare` weighs, as PromQL over any engine: one value per window and one per interval.
 
-Each signal is a template with `{w}` = seconds: over a whole window it gives the window's value
-(quantiles of every request that finished in it, counts divided by its length), over each interval
-of a range query the per-interval values that the significance test compares. Counters and
-histograms, not sampled gauges, wherever the metric allows: a busy host answers /metrics between
-engine steps (KV usage and GPU activity are gauges: averaged over every scrape).
+Each signal is a template with `{w}` = seconds, which over a whole window gives the window's value
+(quantiles of every request that finished in it, counts divided by its length). The per-interval
+values that the significance test compares come from the counters themselves: their values at
+each interval boundary (a range query of the bare counter, or of the histogram's buckets), one
+boundary minus the one before. Unlike increase() over each interval, which needs two scrapes
+inside it, this loses no interval and no count where scrapes are sparse: a starved sidecar
+stretches its interval to 8 s, a Prometheus scrapes every 15 s. Counters and histograms, not
+sampled gauges, wherever the metric allows: a busy host answers /metrics between engine steps
+(KV usage and GPU activity are gauges: averaged over every scrape of each interval).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from vllm_sentinel.agent.promql.functions import bucket_quantile
 from vllm_sentinel.agent.promql.remote import instant_all, range_all
 
 LOWER_IS_BETTER, HIGHER_IS_BETTER, NEUTRAL = -1, 1, 0
@@ -27,10 +34,13 @@ class Signal:
     direction: int
     per_request: bool = False  # a count per second that grows with load: compared per finished request
     headline: bool = False  # weighs in the verdict (p95s, throughput, preemptions: one per family)
+    counter: str | None = None  # per interval: this counter's increase between boundaries, per second
+    histogram: str | None = None  # per interval: the q-quantile of these buckets' increases between boundaries
+    q: float | None = None
 
 
 def _quantile(q: float, histogram: str) -> str:
-    return f"histogram_quantile({q}, sum by (instance, le) (increase(vllm:{histogram}_bucket[{{w}}s])))"
+    return f"histogram_quantile({q}, sum by (instance, le) (increase({histogram}_bucket[{{w}}s])))"
 
 
 def _latencies() -> list[Signal]:
@@ -39,22 +49,23 @@ def _latencies() -> list[Signal]:
                              ("queue_time", "request_queue_time_seconds"), ("e2e", "e2e_request_latency_seconds")):
         for q in (0.5, 0.95, 0.99):
             name = f"{short}_p{round(q * 100)}_seconds"
-            out.append(Signal(name, _quantile(q, histogram), "s", LOWER_IS_BETTER, headline=q == 0.95))
+            out.append(Signal(name, _quantile(q, f"vllm:{histogram}"), "s", LOWER_IS_BETTER, headline=q == 0.95,
+                              histogram=f"vllm:{histogram}", q=q))
     return out
 
 
-def _rate(counter: str) -> str:
-    return f"sum by (instance) (increase({counter}[{{w}}s])) / {{w}}"
+def _rate(name: str, counter: str, unit: str, direction: int, **kw: bool) -> Signal:
+    return Signal(name, f"sum by (instance) (increase({counter}[{{w}}s])) / {{w}}", unit, direction,
+                  counter=counter, **kw)
 
 
 REQUEST_RATE = "request_rate_per_s"
 SIGNALS: list[Signal] = _latencies() + [
-    Signal(REQUEST_RATE, _rate("vllm:request_success_total"), "1/s", HIGHER_IS_BETTER, headline=True),
-    Signal("prompt_tokens_per_s", _rate("vllm:prompt_tokens_total"), "tokens/s", HIGHER_IS_BETTER),
-    Signal("generation_tokens_per_s", _rate("vllm:generation_tokens_total"), "tokens/s", HIGHER_IS_BETTER,
-           headline=True),
-    Signal("preemptions_per_s", _rate("vllm:num_preemptions_total"), "1/s", LOWER_IS_BETTER, per_request=True,
-           headline=True),
+    _rate(REQUEST_RATE, "vllm:request_success_total", "1/s", HIGHER_IS_BETTER, headline=True),
+    _rate("prompt_tokens_per_s", "vllm:prompt_tokens_total", "tokens/s", HIGHER_IS_BETTER),
+    _rate("generation_tokens_per_s", "vllm:generation_tokens_total", "tokens/s", HIGHER_IS_BETTER, headline=True),
+    _rate("preemptions_per_s", "vllm:num_preemptions_total", "1/s", LOWER_IS_BETTER, per_request=True,
+          headline=True),
     Signal("kv_cache_usage_ratio", "avg by (instance) (avg_over_time(vllm:kv_cache_usage_perc[{w}s]))", "ratio",
            NEUTRAL),
     Signal("gpu_util_percent", "avg by (instance) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[{w}s]))", "%", NEUTRAL),
@@ -85,17 +96,64 @@ def window_values(engine: object, instance: str, start_ms: int, end_ms: int, int
     seconds = max(1, (end_ms - start_ms) // 1000)
     step_s = max(1, interval_ms // 1000)
     wholes = instant_all(engine, [(s.expr.format(w=seconds), end_ms) for s in SIGNALS])
-    first = start_ms + interval_ms
-    ranges = range_all(engine, [(s.expr.format(w=step_s), first, end_ms, interval_ms) for s in SIGNALS]) \
-        if first <= end_ms else [[] for _ in SIGNALS]
-    whole: dict[str, float | None] = {}
+    whole = {sig.name: next((_finite(x.value) for x in (result if isinstance(result, list) else [])
+                             if x.labels.get("instance") == instance), None) for sig, result in zip(SIGNALS, wholes)}
+    if start_ms + interval_ms > end_ms:
+        return WindowValues(whole, {sig.name: [] for sig in SIGNALS})
+    counters = sorted({s.counter for s in SIGNALS if s.counter})
+    histograms = sorted({s.histogram for s in SIGNALS if s.histogram})
+    gauges = [s for s in SIGNALS if not s.counter and not s.histogram]
+    # boundaries at start, start + interval, ...: what was counted by each, for the differences
+    queries = [(f"sum by (instance) ({c})", start_ms, end_ms, interval_ms) for c in counters]
+    queries += [(f"sum by (instance, le) ({h}_bucket)", start_ms, end_ms, interval_ms) for h in histograms]
+    queries += [(s.expr.format(w=step_s), start_ms + interval_ms, end_ms, interval_ms) for s in gauges]
+    results = range_all(engine, queries)
+    mine = [[s for s in series if s.labels.get("instance") == instance] for series in results]
+    increases = {c: _increases(next((s.points for s in found), []), interval_ms)
+                 for c, found in zip(counters, mine)}
+    buckets = {h: _bucket_increases(found, interval_ms) for h, found in zip(histograms, mine[len(counters):])}
     intervals: dict[str, list[tuple[int, float | None]]] = {}
-    for sig, result, series in zip(SIGNALS, wholes, ranges):
-        whole[sig.name] = next((_finite(x.value) for x in (result if isinstance(result, list) else [])
-                                if x.labels.get("instance") == instance), None)
-        points = next((s.points for s in series if s.labels.get("instance") == instance), [])
-        intervals[sig.name] = [(int(t), _finite(v)) for t, v in points]
+    for sig in SIGNALS:
+        if sig.counter:
+            intervals[sig.name] = [(t, v / step_s if v is not None else None) for t, v in increases[sig.counter]]
+        elif sig.histogram:
+            intervals[sig.name] = [(t, _bucket_quantile(sig.q or 0.5, by_le)) for t, by_le in buckets[sig.histogram]]
+    for sig, found in zip(gauges, mine[len(counters) + len(histograms):]):
+        intervals[sig.name] = [(int(t), _finite(v)) for t, v in (found[0].points if found else [])]
     return WindowValues(whole, intervals)
+
+
+def _increases(points: list[tuple[float, float | None]], interval_ms: int) -> list[tuple[int, float | None]]:
+    """(interval end, counted in it) from a counter's values at consecutive boundaries; a reset gives None."""
+    out: list[tuple[int, float | None]] = []
+    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+        if int(t1) - int(t0) != interval_ms:
+            continue  # a boundary without a value (no sample in the lookback) leaves its intervals out
+        ok = v0 is not None and v1 is not None and math.isfinite(v0) and math.isfinite(v1) and v1 >= v0
+        out.append((int(t1), float(v1) - float(v0) if ok else None))
+    return out
+
+
+def _bucket_increases(series: list, interval_ms: int) -> list[tuple[int, dict[float, float]]]:
+    """(interval end, {le: observations in it}) from a histogram's buckets at consecutive boundaries."""
+    by_t: dict[int, dict[float, float]] = {}
+    for s in series:
+        try:
+            le = float(s.labels.get("le", ""))
+        except ValueError:
+            continue
+        for t, v in _increases(s.points, interval_ms):
+            if v is not None:
+                by_t.setdefault(t, {})[le] = v
+    return sorted(by_t.items())
+
+
+def _bucket_quantile(q: float, by_le: dict[float, float]) -> float | None:
+    """histogram_quantile of one interval's bucket increases; None where no request finished in it."""
+    if math.inf not in by_le or by_le[math.inf] <= 0:
+        return None
+    bounds = np.array(sorted(by_le))
+    return _finite(bucket_quantile(q, bounds, np.array([by_le[b] for b in bounds])))
 
 
 def present(values: WindowValues) -> set[str]:

@@ -66,6 +66,25 @@ def canary(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {**session, "path": path}
 
 
+@pytest.fixture(scope="module")
+def sparse(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The session with every fourth sample of each series kept: scrapes 8 s apart, as a starved sidecar
+    (its interval stretched) or a Prometheus at 15 s would have them."""
+    path = tmp_path_factory.mktemp("compare-sparse") / "sparse.duckdb"
+    seen: dict[str, int] = {}
+    kept = []
+    for line in gzip.open(default_recording(), "rt").read().splitlines():
+        if line.startswith("#"):
+            continue
+        key = line.rsplit(" ", 2)[0]
+        seen[key] = seen.get(key, -1) + 1
+        if seen[key] % 4 == 0:
+            kept.append(line)
+    with Store.open(path) as store:
+        ingest_text(store, "\n".join(kept) + "\n", None, session["span"][1])
+    return {**session, "path": path}
+
+
 def run(path: Path, req: CompareRequest) -> dict:
     with Store.open(path, read_only=True) as store:
         doc = compare(store_source(store, pack_window_evaluator(load_pack())), req)
@@ -148,3 +167,39 @@ def test_several_instances_need_one_named(canary: dict) -> None:
 def test_the_daemon_query_round_trips() -> None:
     req = CompareRequest((1, 2), "a:1", None, (3, 4), (5, 6), 10_000, None, 60_000)
     assert request_from_query({k: str(v) for k, v in request_query(req).items()}) == req
+
+
+def test_sparse_scrapes_lose_no_interval(session: dict, sparse: dict) -> None:
+    """With scrapes 8 s apart every 10 s interval still has its count (the counters' values at the
+    boundaries, one minus the other), the counts add up to the window's, and the difference holds."""
+    p = session["phases"]
+    req = CompareRequest(session["span"], before=p["queue_blocking"], after=p["kv_cache_pressure"], interval_ms=10_000)
+    doc, full = run(sparse["path"], req), run(session["path"], req)
+    for side in ("before", "after"):
+        lo, hi = p["queue_blocking" if side == "before" else "kv_cache_pressure"]
+        expected = (hi - lo) // 10_000
+        for name in ("request_rate_per_s", "preemptions_per_s"):
+            points = doc["intervals"][name][side]
+            assert len([v for _t, v in points if v is not None]) == expected, (name, side, points)
+            # the same requests as at full resolution, within the scrapes a boundary falls between
+            assert sum(v for _t, v in points) * 10 == pytest.approx(
+                sum(v for _t, v in full["intervals"][name][side] if v is not None) * 10, rel=0.1, abs=8)
+    pre = signals(doc)["preemptions_per_s"]
+    assert pre["significant"] is True and pre["better"] is False, pre
+    assert "Mann-Whitney" in pre["method"]
+
+
+def test_an_incident_carried_over_from_before_the_change_is_not_the_after_sides() -> None:
+    """One that began before the after window and resolved inside it stopped; one still firing at its end,
+    or begun inside it, is the after side's."""
+    from vllm_sentinel.agent.diagnosis.compare import incident_changes
+    after_window = (parse_rfc3339_ms("2026-12-02T10:02:00Z"), parse_rfc3339_ms("2026-12-02T10:04:00Z"))
+    before = [{"incident": "kv_cache_pressure", "start": "2026-12-02T10:00:00Z", "end": None},
+              {"incident": "queue_blocking", "start": "2026-12-02T10:00:30Z", "end": None}]
+    after = [{"incident": "kv_cache_pressure", "start": "2026-12-02T10:01:55Z", "end": "2026-12-02T10:02:40Z"},
+             {"incident": "queue_blocking", "start": "2026-12-02T10:01:55Z", "end": None},
+             {"incident": "target_down", "start": "2026-12-02T10:03:00Z", "end": "2026-12-02T10:03:30Z"}]
+    doc = incident_changes(before, after, after_window)
+    assert doc == {"stopped": ["kv_cache_pressure"], "started": ["target_down"],
+                   "before": ["kv_cache_pressure", "queue_blocking"], "after": ["queue_blocking", "target_down"],
+                   "carried_over": ["kv_cache_pressure"]}
