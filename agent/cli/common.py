@@ -65,9 +65,12 @@ def window(since: str, until: Optional[str]) -> tuple[int, int]:
     """(start_ms, end_ms) of `--since` ending at `--until` (default: now); a bad value exits 2."""
     try:
         end = parse_time_ms(until) if until else int(time.time() * 1000)
-        return end - parse_cli_duration_ms(since), end
+        length = parse_cli_duration_ms(since)
     except ValueError as e:
         raise fail(str(e), Exit.USAGE) from None
+    if length <= 0:
+        raise fail(f"--since {since}: the window is empty; give a length above zero, e.g. --since 15m", Exit.USAGE)
+    return end - length, end
 
 
 def print_json(doc: Any) -> None:

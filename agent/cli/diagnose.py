@@ -47,8 +47,8 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              remote: PrometheusArgs = PrometheusArgs()) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     check_format(fmt, ("table", "markdown", "json"))
+    start, end = window(since, until)  # a bad flag is named before any file or server is looked at
     engine = remote.engine(db)
-    start, end = window(since, until)
     try:
         # --params is read once, here: the daemon gets its values, not the path to read again
         overrides = load_params_file(params) if params else None

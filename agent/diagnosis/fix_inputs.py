@@ -58,8 +58,12 @@ def cannot_compute(param: str, current: Any, cfg: LiveConfig, need: list[str], w
 def kv_capacity(cfg: LiveConfig) -> tuple[int | None, str]:
     """KV capacity in tokens and how it is known."""
     if cfg.known("num_gpu_blocks") and cfg.known("block_size"):
-        return int(cfg.get("num_gpu_blocks")) * int(cfg.get("block_size")), \
-            f"{readable(cfg.get('num_gpu_blocks'))} blocks x {cfg.get('block_size')} tokens"
+        # vLLM keeps one block as its null block (v1/core/block_pool.py): requests share the others. Next to
+        # thousands of blocks it is nothing; in a small pool it is a request's worth (8 blocks hold 7 in use)
+        usable = max(0, int(cfg.get("num_gpu_blocks")) - 1)
+        return usable * int(cfg.get("block_size")), \
+            f"{readable(usable)} usable blocks (one of {readable(cfg.get('num_gpu_blocks'))} is vLLM's null block) " \
+            f"x {cfg.get('block_size')} tokens"
     if cfg.known("kv_cache_memory_bytes") and cfg.known("kv_bytes_per_token") and cfg.known("block_size"):
         cap = kvmath.capacity_from_bytes(cfg.get("kv_cache_memory_bytes"), cfg.get("kv_bytes_per_token"),
                                          cfg.get("block_size"))

@@ -229,14 +229,16 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["start"] <= end(b) and b["start"] <= end(a)
 
 
-@pytest.mark.skipif(not os.environ.get("VLLM_SENTINEL_LIVE_COMPARE"), reason=(
-    "opt-in (VLLM_SENTINEL_LIVE_COMPARE=1): after the whole module's queue and KV phases, the pre-restart incident's "
-    "2 m window reaches into a 10 s-settled after-window and its first intervals hold no preemptions yet, so "
-    "compare read 4.5/s -> 0 as not significant; passes run alone (-k 'kv_cache_pressure or compare')"))
+# the same clients after the restart: past the 10 s settling margin, 6 intervals of 10 s a side (5 are needed)
+VERIFY_HOLD_S = 80.0
+
+
 def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
     """The kv_cache_pressure fix applied for real: the server restarted with the computed --max-num-seqs while
     the daemon keeps recording, the same traffic again; `compare --change auto` names the configuration
-    change, finds preemptions down beyond the noise and the incident stopped. (Later tests run on this server.)"""
+    change, finds preemptions down beyond the noise and the incident stopped. The verdict is recorded, not
+    asserted: one sequence at a time also serves fewer requests with a longer queue, and compare says so.
+    (Later tests run on this server.)"""
     before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
     if before is None:  # run alone (-k): the scenario first
         before, _doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
@@ -246,7 +248,7 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     instance = rig.server.instance
     restart_with_fix(rig.server, fix)
     assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
-    after = scenarios.kv_cache_pressure(rig.server)
+    after = scenarios.kv_cache_pressure(rig.server, VERIFY_HOLD_S)
     assert_traffic_served(after)
     res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
                           "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
@@ -266,6 +268,8 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     record_property("compare_window", cmp["window"])
     record_property("preemptions_per_s", [pre["before"], pre["after"], pre["method"]])
     record_property("verdict", [cmp["verdict"], cmp["verdict_reasons"]])
+    # the verdict weighed the preemptions as better, whatever else moved
+    assert any(r.startswith("preemptions_per_s") and r.endswith("(better)") for r in cmp["verdict_reasons"]), cmp
 
 
 # an engine stall is labelled this soon after the freeze: its 10 s window, the 5 s evaluation step, a

@@ -30,15 +30,15 @@ def test_kv_cache_pressure_256_to_128_with_the_arithmetic():
     cfg = gpu_config("--max-num-seqs", "256")
     f = compute("kv_cache_pressure", cfg, {"mean_prompt_tokens": 1000, "mean_generation_tokens": 1000})
     assert (f.param, f.current, f.suggested) == ("--max-num-seqs", "256", "128")
-    # 17,900 blocks x 16 = 286,400 tokens; x 0.9 / (2000 + 8) = 128
-    assert "286,400 tokens" in f.why and "17,900 blocks x 16" in f.why and "= 128 sequences" in f.why
+    # (17,900 - 1 null block) x 16 = 286,384 tokens; x 0.9 / (2000 + 8) = 128
+    assert "286,384 tokens" in f.why and "17,899 usable blocks" in f.why and "= 128 sequences" in f.why
     assert "512,000 tokens, 179% of capacity" in f.why
 
 
 def test_kv_cache_pressure_without_lengths_uses_max_model_len():
     cfg = gpu_config("--max-num-seqs", "256", "--max-model-len", "4096")
     f = compute("kv_cache_pressure", cfg, {})
-    # 286,400 x 0.9 / (4096 + 8) = 62
+    # 286,384 x 0.9 / (4096 + 8) = 62
     assert f.suggested == "62" and "max_model_len 4,096 (request lengths unknown)" in f.why
 
 
@@ -111,7 +111,7 @@ def test_oom_risk_fixes():
     assert "costs about" in f.why
     assert compute("oom_risk", cfg, {"gpu_memory_used_ratio": 0.9}) is None
     m = compute("oom_risk.max_model_len", cfg, {})
-    # 286,400 // 256 = 1118 -> 1104 (a multiple of 16)
+    # 286,384 // 256 = 1118 -> 1104 (a multiple of 16)
     assert (m.current, m.suggested) == ("8192", "1104")
     assert compute("oom_risk.max_model_len", cfg, {"mean_prompt_tokens": 1500, "mean_generation_tokens": 200}) is None
     g = compute("oom_risk", cfg, {})
@@ -169,7 +169,7 @@ def test_incidents_hook_fills_a_rule_fix_from_a_stored_snapshot():
                                         {"instance": "gpu:8000"})
     assert items[0]["param"] == "--max-num-seqs"
     assert (items[0]["current"], items[0]["suggested"]) == ("256", "128")
-    assert "286,400 tokens" in items[0]["why"]
+    assert "286,384 tokens" in items[0]["why"]
 
 
 def test_plain_mapping_config_works():

@@ -94,7 +94,7 @@ def test_prometheus_names_the_same_incidents_with_the_same_evidence_and_fixes(lo
     queue = next(i for i in remote["incidents"] if i["incident"] == "queue_blocking")
     assert kv["caused_by"] == [] and kv["id"] in queue["caused_by"]  # the cause first, from Prometheus too
     fix = next(f for f in kv["fixes"] if f["param"] == "--max-num-seqs")
-    assert (fix["param"], fix["current"], fix["suggested"]) == ("--max-num-seqs", "4", "2")  # the server ran with 4
+    assert (fix["param"], fix["current"], fix["suggested"]) == ("--max-num-seqs", "4", "1")  # the server ran with 4
     assert fix["current_source"].startswith("inferred from behaviour: at most 4 requests ran")
 
 
@@ -176,7 +176,7 @@ def test_cli_json_contract_and_report_from_prometheus(loaded, tmp_path: Path) ->
     assert rep.returncode == 0, rep.stderr
     md = (tmp_path / kv["id"] / "report.md").read_text()
     assert kv["id"] in md and "`--max-num-seqs` | 4 | inferred from behaviour" in md
-    assert "**`--max-num-seqs` 4 → 2**" in md
+    assert "**`--max-num-seqs` 4 → 1**" in md
     assert "Prometheus holds metrics only" in rep.stderr  # stacks: said, not silently missing
 
 
