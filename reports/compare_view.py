@@ -79,6 +79,9 @@ def render_compare(console: Console, doc: dict) -> None:
     inc = doc["incidents"]
     console.print(f"incidents stopped: {escape(', '.join(inc['stopped']) or 'none')}; "
                   f"started: {escape(', '.join(inc['started']) or 'none')}", highlight=False)
+    if inc.get("carried_over"):
+        console.print(escape(f"carried over into the after window, then resolved: {', '.join(inc['carried_over'])}"),
+                      highlight=False)
     load = doc.get("load") or {}
     if load.get("per_request"):
         console.print(f"request rates differ (x{load['ratio']:.2f}): preemptions are compared per finished request",
@@ -100,8 +103,10 @@ def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
     reasons = doc.get("verdict_reasons") or ["no headline signal changed beyond the noise"]
     lines += ["", f"## Verdict: {escape_md(doc['verdict'])}", ""] + [f"* {escape_md(r)}" for r in reasons]
     inc = doc["incidents"]
+    carried = (f" Carried over into the after window, then resolved: {escape_md(', '.join(inc['carried_over']))}."
+               if inc.get("carried_over") else "")
     lines += ["", f"Incidents stopped: {escape_md(', '.join(inc['stopped']) or 'none')}. "
-                  f"Started: {escape_md(', '.join(inc['started']) or 'none')}.", "", "## Signals", "",
+                  f"Started: {escape_md(', '.join(inc['started']) or 'none')}.{carried}", "", "## Signals", "",
               "| signal | before | after | change | significant | better | method |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {escape_md(s['name'])} | {fmt_number(s['before'], s['unit'])} | {fmt_number(s['after'], s['unit'])} | "
               f"{fmt_delta(s['delta_pct'])} | {_yes_no(s['significant'])} | {_yes_no(s['better'])} | "

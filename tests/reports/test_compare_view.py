@@ -51,3 +51,14 @@ def test_markdown_charts_both_windows(doc: dict, tmp_path: Path) -> None:
     else:
         assert "matplotlib is not installed" in text
     assert "pass --out DIR" in compare_markdown(doc, None)
+
+
+def test_an_incident_carried_over_is_named_apart(doc: dict) -> None:
+    """An incident that began before the after window and resolved in it is said to be carried over."""
+    carried = {**doc, "incidents": {**doc["incidents"], "carried_over": ["queue_blocking"]}}
+    buf = io.StringIO()
+    render_compare(Console(file=buf, width=200, color_system=None), carried)
+    assert "carried over into the after window, then resolved: queue_blocking" in buf.getvalue()
+    assert "Carried over into the after window, then resolved: queue_blocking." in compare_markdown(carried, None)
+    quiet = {**doc, "incidents": {**doc["incidents"], "carried_over": []}}
+    assert "carried over" not in compare_markdown(quiet, None).lower()
