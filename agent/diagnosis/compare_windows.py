@@ -15,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_sentinel.agent.diagnosis.metrics_config import SERVER_START_EXPRS
 from vllm_sentinel.agent.promql.remote import range_all
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
-# the API server's start time: the sidecar's process collector, else vLLM's own process metrics
-RESTART_EXPRS = ('max by (instance) (vllm_sentinel_process_start_time_seconds{role="api_server"})',
-                 "max by (instance) (process_start_time_seconds)")
 GAP_SEARCH_MS = 15 * 60_000  # a restart's down time is looked for this far either side of the change
 GAP_STEP_MS = 5_000
 GAP_LOOK_S = 15  # each step reads `up` this far back: a Prometheus scrapes every 15 s by default
@@ -56,7 +54,7 @@ def restarts(engine: Any, instance: str, lo_ms: int, hi_ms: int) -> list[int]:
     """Start times (ms) of API server processes of `instance` that started in (lo_ms, hi_ms] after another."""
     step = max(GAP_STEP_MS, (hi_ms - lo_ms) // 2000 // 1000 * 1000)
     found: set[int] = set()
-    for result in range_all(engine, [(e, lo_ms, hi_ms, step) for e in RESTART_EXPRS]):
+    for result in range_all(engine, [(e, lo_ms, hi_ms, step) for e in SERVER_START_EXPRS]):
         for series in result:
             if series.labels.get("instance") != instance:
                 continue

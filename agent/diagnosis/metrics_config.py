@@ -5,7 +5,8 @@ resolved: block size, KV blocks, cache dtype, prefix caching, and through kv_cac
 kv_cache_max_concurrency the max model length. It does not hold the command line, so:
 
 * `--max-num-seqs` is inferred from behaviour: the most requests `vllm:num_requests_running`
-  showed while others waited and the KV cache had room. The scheduler admits no more than
+  showed while others waited and the KV cache had room, since the server last started (a restart
+  may change the flag: the plateau of the process before it says nothing about this one). The scheduler admits no more than
   --max-num-seqs, so a queue with KV room left means running is at the cap. Where the server has
   `vllm:num_requests_waiting_by_reason` (0.32), only requests waiting for capacity count: requests
   deferred by a transient constraint (LoRA budget, KV transfer, a blocked request) wait whatever
@@ -41,6 +42,9 @@ RUNNING_WHILE_QUEUED = (
     f" and on (instance) (max by (instance) (vllm:kv_cache_usage_perc) < {KV_ROOM})"
 )
 NO_ARGV_METRICS = "the command line is not in the metrics"
+# the API server's start time: the sidecar's process collector, else vLLM's own process metrics
+SERVER_START_SELECTORS = ('vllm_sentinel_process_start_time_seconds{role="api_server"}', "process_start_time_seconds")
+SERVER_START_EXPRS = tuple(f"max by (instance) ({sel})" for sel in SERVER_START_SELECTORS)
 
 
 def _cache_info_by_instance(result: Any) -> dict[str, dict[str, str]]:
@@ -57,12 +61,32 @@ def _cache_info_by_instance(result: Any) -> dict[str, dict[str, str]]:
     return {i: labels for i, (_e, labels) in out.items()}
 
 
-def _peaks(series: list[Any]) -> dict[str, float]:
-    """The highest value of each instance's series: [Series({instance: a}, [(t, 3), (t2, 4)])] -> {'a': 4}."""
+def _since(lo_ms: int, started_ms: int | None) -> str:
+    """Where the behaviour was read from: the history's start, or the server's start when later."""
+    if started_ms is not None and started_ms > lo_ms:
+        return f"{iso_seconds(started_ms)} (the server's start)"
+    return iso_seconds(lo_ms)
+
+
+def _started(results: list[Any]) -> dict[str, int]:
+    """Each instance's server start (ms), from the first of SERVER_START_EXPRS that has it."""
+    out: dict[str, int] = {}
+    for result in results:
+        for s in result if isinstance(result, list) else []:
+            inst = dict(s.labels).get("instance")
+            if inst is not None and inst not in out and s.value == s.value:
+                out[inst] = int(s.value * 1000)
+    return out
+
+
+def _peaks(series: list[Any], since: dict[str, int] | None = None) -> dict[str, float]:
+    """The highest value of each instance's series from its `since` (ms) on:
+    [Series({instance: a}, [(t, 3), (t2, 4)])] -> {'a': 4}."""
     out: dict[str, float] = {}
     for s in series:
         inst = dict(s.labels).get("instance")
-        values = [v for _t, v in s.points if v == v]
+        start = (since or {}).get(inst or "", 0)
+        values = [v for t, v in s.points if v == v and t >= start]
         if inst is not None and values:
             out[inst] = max(out.get(inst, float("-inf")), max(values))
     return out
@@ -84,11 +108,13 @@ def metrics_configs(engine: Any, instances: Sequence[str], end_ms: int, step_ms:
     lo = min(end_ms - INFER_HISTORY_MS, start_ms if start_ms is not None else end_ms)
     lo = lo // step_ms * step_ms
     span_s = max(1, (end_ms - lo) // 1000)
-    [info, by_reason] = instant_all(engine, [
+    [info, by_reason, *starts] = instant_all(engine, [
         (f"last_over_time({CACHE_INFO_METRIC}[{span_s}s])", end_ms),
-        (f"count by (instance) (last_over_time({WAITING_BY_REASON}[{span_s}s]))", end_ms)])
+        (f"count by (instance) (last_over_time({WAITING_BY_REASON}[{span_s}s]))", end_ms),
+        *[(f"max by (instance) (last_over_time({sel}[{span_s}s]))", end_ms) for sel in SERVER_START_SELECTORS]])
     [running] = range_all(engine, [(RUNNING_WHILE_QUEUED, lo, end_ms, step_ms)])
-    caches, peaks = _cache_info_by_instance(info), _peaks(running)
+    started = _started(starts)
+    caches, peaks = _cache_info_by_instance(info), _peaks(running, started)
     split = {dict(s.labels).get("instance") for s in by_reason} if isinstance(by_reason, list) else set()
     out = {}
     for inst in instances:
@@ -100,7 +126,7 @@ def metrics_configs(engine: Any, instances: Sequence[str], end_ms: int, step_ms:
                       else "others waited (vllm:num_requests_waiting)")
             cfg.set("max_num_seqs", int(peak),
                     f"inferred from behaviour: at most {int(peak)} requests ran (vllm:num_requests_running) while "
-                    f"{waited} and the KV cache was under {KV_ROOM:.0%} used, {iso_seconds(lo)} .. "
+                    f"{waited} and the KV cache was under {KV_ROOM:.0%} used, {_since(lo, started.get(inst))} .. "
                     f"{iso_seconds(end_ms)}; the scheduler admits no more than --max-num-seqs")
         out[inst] = mark_inferred(cfg)
     return out

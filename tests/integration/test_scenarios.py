@@ -1,8 +1,9 @@
 """Each incident for real: the vLLM CPU server driven into it, the sidecar watching, `diagnose` naming it.
 
 One server (agent/demo/scenarios.py settings) and one `vllm-sentinel run` daemon serve the whole module;
-the tests run in file order: healthy first (a clean window), target_down last (it stops the
-server). Each asserts on `vllm-sentinel diagnose --format json` over exactly its scenario's
+the tests run in file order: healthy first (a clean window), kv_cache_pressure and the compare that
+restarts the server with its fix near the end (the stall scenarios need the 4-sequence server they
+were written for), target_down last (it stops the server). Each asserts on `vllm-sentinel diagnose --format json` over exactly its scenario's
 window. Durations: tests/integration/README.md.
 """
 
@@ -205,73 +206,6 @@ def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]
     assert params & {"--max-num-seqs", "replicas"}, params
 
 
-def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    run, doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
-    found = assert_labelled_with_fix(doc, run)
-    assert_traffic_served(run)
-    fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
-    # 8 blocks x 128 tokens cannot hold 4 requests of ~400 tokens: fewer sequences, from the real config
-    assert fixes and all(f["current"] == "4" and int(f["suggested"]) < 4 for f in fixes), fixes
-    # one root cause per episode: the pressure is a root, and the queueing and TTFT breaches that overlap it
-    # on the same instance are marked as explained by it (their own fixes stay in the JSON)
-    for kv in found:
-        assert kv["caused_by"] == [] and kv["episode"], kv
-        for inc in doc["incidents"]:
-            if inc["incident"] in ("queue_blocking", "ttft_slo_breach") and inc["episode"] == kv["episode"] \
-                    and _overlap(inc, kv):
-                assert kv["id"] in inc["caused_by"], (inc["incident"], inc["caused_by"], kv["id"])
-
-
-def _overlap(a: dict, b: dict) -> bool:
-    """Two incidents' [start, end] spans (an open end: still firing) overlap."""
-    def end(i: dict) -> str:
-        return i.get("end") or "9999"
-    return a["start"] <= end(b) and b["start"] <= end(a)
-
-
-# the same clients after the restart: past the 10 s settling margin, 6 intervals of 10 s a side (5 are needed)
-VERIFY_HOLD_S = 80.0
-
-
-def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    """The kv_cache_pressure fix applied for real: the server restarted with the computed --max-num-seqs while
-    the daemon keeps recording, the same traffic again; `compare --change auto` names the configuration
-    change, finds preemptions down beyond the noise and the incident stopped. The verdict is recorded, not
-    asserted: one sequence at a time also serves fewer requests with a longer queue, and compare says so.
-    (Later tests run on this server.)"""
-    before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
-    if before is None:  # run alone (-k): the scenario first
-        before, _doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
-    doc = next(d for r, d in rig.runs if r is before)
-    fix = fix_to_apply(doc["incidents"], "kv_cache_pressure")
-    assert fix is not None and fix["param"] == "--max-num-seqs", [i["fixes"] for i in doc["incidents"]]
-    instance = rig.server.instance
-    restart_with_fix(rig.server, fix)
-    assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
-    after = scenarios.kv_cache_pressure(rig.server, VERIFY_HOLD_S)
-    assert_traffic_served(after)
-    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
-                          "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
-                          "--until", f"{after.end_ms / 1000:.3f}", "--settle", "10s", "--format", "json"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    cmp = json.loads(res.stdout)
-    print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
-    changes = {c["param"]: c for c in cmp["config_changes"]}
-    assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
-    assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]
-    signals = {s["name"]: s for s in cmp["signals"]}
-    pre = signals["preemptions_per_s"]
-    assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], pre
-    assert "kv_cache_pressure" in cmp["incidents"]["before"], cmp["incidents"]
-    assert "kv_cache_pressure" in cmp["incidents"]["stopped"], cmp["incidents"]
-    record_property("compare_window", cmp["window"])
-    record_property("preemptions_per_s", [pre["before"], pre["after"], pre["method"]])
-    record_property("verdict", [cmp["verdict"], cmp["verdict_reasons"]])
-    # the verdict weighed the preemptions as better, whatever else moved
-    assert any(r.startswith("preemptions_per_s") and r.endswith("(better)") for r in cmp["verdict_reasons"]), cmp
-
-
 # an engine stall is labelled this soon after the freeze: its 10 s window, the 5 s evaluation step, a
 # starved scrape or two, and the scheduler's lag on a busy 2-core host
 STALL_DETECTION_S = 30.0
@@ -366,6 +300,73 @@ def test_capacity_over_the_recorded_history(rig: Rig, record_property: Callable[
     rep = doc["replicas"]
     assert rep["extrapolated"] and "extrapolated" in rep["warning"], rep
     assert rep["replicas"] == math.ceil(target / slo["request_rate_per_s"] - 1e-9), rep
+
+
+def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    run, doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
+    found = assert_labelled_with_fix(doc, run)
+    assert_traffic_served(run)
+    fixes = [f for i in found for f in i["fixes"] if f["param"] == "--max-num-seqs" and f["suggested"]]
+    # 8 blocks x 128 tokens cannot hold 4 requests of ~400 tokens: fewer sequences, from the real config
+    assert fixes and all(f["current"] == "4" and int(f["suggested"]) < 4 for f in fixes), fixes
+    # one root cause per episode: the pressure is a root, and the queueing and TTFT breaches that overlap it
+    # on the same instance are marked as explained by it (their own fixes stay in the JSON)
+    for kv in found:
+        assert kv["caused_by"] == [] and kv["episode"], kv
+        for inc in doc["incidents"]:
+            if inc["incident"] in ("queue_blocking", "ttft_slo_breach") and inc["episode"] == kv["episode"] \
+                    and _overlap(inc, kv):
+                assert kv["id"] in inc["caused_by"], (inc["incident"], inc["caused_by"], kv["id"])
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Two incidents' [start, end] spans (an open end: still firing) overlap."""
+    def end(i: dict) -> str:
+        return i.get("end") or "9999"
+    return a["start"] <= end(b) and b["start"] <= end(a)
+
+
+# the same clients after the restart: past the 10 s settling margin, 6 intervals of 10 s a side (5 are needed)
+VERIFY_HOLD_S = 80.0
+
+
+def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    """The kv_cache_pressure fix applied for real: the server restarted with the computed --max-num-seqs while
+    the daemon keeps recording, the same traffic again; `compare --change auto` names the configuration
+    change, finds preemptions down beyond the noise and the incident stopped. The verdict is recorded, not
+    asserted: one sequence at a time also serves fewer requests with a longer queue, and compare says so.
+    (Later tests run on this server.)"""
+    before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
+    if before is None:  # run alone (-k): the scenario first
+        before, _doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
+    doc = next(d for r, d in rig.runs if r is before)
+    fix = fix_to_apply(doc["incidents"], "kv_cache_pressure")
+    assert fix is not None and fix["param"] == "--max-num-seqs", [i["fixes"] for i in doc["incidents"]]
+    instance = rig.server.instance
+    restart_with_fix(rig.server, fix)
+    assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
+    after = scenarios.kv_cache_pressure(rig.server, VERIFY_HOLD_S)
+    assert_traffic_served(after)
+    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
+                          "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
+                          "--until", f"{after.end_ms / 1000:.3f}", "--settle", "10s", "--format", "json"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    cmp = json.loads(res.stdout)
+    print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
+    changes = {c["param"]: c for c in cmp["config_changes"]}
+    assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
+    assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]
+    signals = {s["name"]: s for s in cmp["signals"]}
+    pre = signals["preemptions_per_s"]
+    assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], pre
+    assert "kv_cache_pressure" in cmp["incidents"]["before"], cmp["incidents"]
+    assert "kv_cache_pressure" in cmp["incidents"]["stopped"], cmp["incidents"]
+    record_property("compare_window", cmp["window"])
+    record_property("preemptions_per_s", [pre["before"], pre["after"], pre["method"]])
+    record_property("verdict", [cmp["verdict"], cmp["verdict_reasons"]])
+    # the verdict weighed the preemptions as better, whatever else moved
+    assert any(r.startswith("preemptions_per_s") and r.endswith("(better)") for r in cmp["verdict_reasons"]), cmp
 
 
 def test_target_down(rig: Rig, record_property: Callable[[str, object], None]) -> None:

@@ -96,3 +96,18 @@ def test_a_server_without_waiting_by_reason_counts_every_waiting_request(tmp_pat
         cfg = configured(store)
     assert cfg.get("max_num_seqs") == 3
     assert "while others waited (vllm:num_requests_waiting) and" in cfg.source("max_num_seqs")
+
+
+def test_a_restart_starts_the_behaviour_over(tmp_path: Path) -> None:
+    """4 ran while others waited; the server restarted (its process start time jumps) with a lower cap and
+    1 runs while others wait: the cap is 1, read from the server's start on, and the source says so."""
+    with store_with(tmp_path, [(0, 4, 3, 0.5), (300, 1, 3, 0.3)]) as store:
+        starts = []
+        for k in range(0, 600, 5):
+            b = Batch(instance="a:8000", ts_ms=T0 + k * 1000)
+            b.add("process_start_time_seconds", {}, (T0 if k < 300 else T0 + 300_000) / 1000)
+            starts.append(b)
+        store.append_many(starts)
+        cfg = configured(store)
+    assert cfg.get("max_num_seqs") == 1
+    assert "2026-11-29T10:05:00Z (the server's start) .." in cfg.source("max_num_seqs"), cfg.source("max_num_seqs")
