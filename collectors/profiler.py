@@ -251,8 +251,8 @@ class NsysStatus:
 
     status: str  # ok | not_under_nsys | nsys_missing
     message: str
+    nsys_path: str | None = None  # nsys on this host, if any
     under_nsys: bool = False
-    nsys_path: str | None = None
     # the `nsys launch` that runs the server: its pid, session and report file
     launcher_pid: int | None = None
     session: str | None = None

@@ -11,18 +11,21 @@ from vllm_sentinel.reports.mdescape import escape_md
 
 CHART_NAME = "capacity-load-latency.png"
 
-# level rows: (key, column, format)
-LEVEL_COLUMNS = [
+# level rows: (key, column, format); first the load a level carried
+LOAD_COLUMNS = [
     ("request_rate_per_s", "req/s", "{:.2f}"),
     ("tokens_per_s", "tok/s", "{:.0f}"),
     ("running_mean", "running", "{:.1f}"),
     ("littles_law_concurrency", "L=λW", "{:.1f}"),
-    # p95s from each level's summed histogram buckets
+]
+# then its latency: p95s from each level's summed histogram buckets
+LATENCY_COLUMNS = [
     ("ttft_p95_seconds", "TTFT p95", "{:.2f}s"),
     ("tpot_p95_seconds", "TPOT p95", "{:.3f}s"),
     ("queue_time_p95_seconds", "queue p95", "{:.2f}s"),
-    ("requests", "n", "{:.0f}"),
 ]
+# and last how many requests the level's figures stand on
+LEVEL_COLUMNS = LOAD_COLUMNS + LATENCY_COLUMNS + [("requests", "n", "{:.0f}")]
 # an 80-column terminal holds these; Markdown has them all
 CONSOLE_COLUMNS = [c for c in LEVEL_COLUMNS if c[0] not in ("tokens_per_s", "queue_time_p95_seconds")]
 

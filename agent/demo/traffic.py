@@ -96,14 +96,15 @@ class TrafficResult:
     """What the client saw; token counts come from each response's `usage` field."""
 
     sent: int = 0
+    # each outcome's count beside what the client kept of it
     ok: int = 0
+    latencies_s: list[float] = field(default_factory=list)  # of successful requests, in completion order
     failed: int = 0
+    errors: list[str] = field(default_factory=list)  # the first few failure reasons, one line each
     # as the server counted them, from each response's usage
     prompt_tokens: int = 0
     completion_tokens: int = 0
     elapsed_s: float = 0.0
-    latencies_s: list[float] = field(default_factory=list)  # of successful requests, in completion order
-    errors: list[str] = field(default_factory=list)  # the first few failure reasons, one line each
 
 
 def make_prompt(n_words: int, index: int, seed: int = 0) -> str:

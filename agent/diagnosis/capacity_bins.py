@@ -33,26 +33,23 @@ class Tally:
     """What a stretch of history served: counter increases, gauge means and summed histogram buckets."""
 
     seconds: float = 0.0
-    # counter increases over the stretch
-    requests: float = 0.0
-    prompt_tokens: float = 0.0
-    generation_tokens: float = 0.0
-    # end-to-end latency histogram: its sum and count (a mean latency for Little's law)
-    e2e_sum: float = 0.0
-    e2e_count: float = 0.0
-    running_s: float = 0.0  # running requests x seconds (a mean once divided by `seconds`)
-    waiting_s: float = 0.0
+    increases: dict[str, float] = field(default_factory=dict)  # COUNTERS key -> increase over the stretch
+    # GAUGES key -> the gauge integrated over the stretch (running x seconds: a mean once divided by `seconds`)
+    gauge_seconds: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # family -> le -> cumulative count
 
     def add(self, other: "Tally") -> None:
-        """Fold another stretch into this one (its buckets summed per bound)."""
-        for name in ("seconds", "requests", "prompt_tokens", "generation_tokens", "e2e_sum", "e2e_count",
-                     "running_s", "waiting_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        """Fold another stretch into this one (its counters, gauges and buckets summed per key)."""
+        self.seconds += other.seconds
+        _add_into(self.increases, other.increases)
+        _add_into(self.gauge_seconds, other.gauge_seconds)
         for family, by_le in other.buckets.items():
-            mine = self.buckets.setdefault(family, {})
-            for le, count in by_le.items():
-                mine[le] = mine.get(le, 0.0) + count
+            _add_into(self.buckets.setdefault(family, {}), by_le)
+
+    @property
+    def requests(self) -> float:
+        """Requests completed over the stretch."""
+        return self.increases.get("requests", 0.0)
 
     @property
     def rate(self) -> float:
@@ -70,12 +67,15 @@ class Tally:
 
     def metrics(self) -> dict[str, float | None]:
         """Load and latency of this stretch, by the names capacity's document uses."""
-        e2e_mean = self.e2e_sum / self.e2e_count if self.e2e_count > 0 else None
+        inc, secs = self.increases, self.seconds
+        e2e_count = inc.get("e2e_count", 0.0)
+        e2e_mean = inc.get("e2e_sum", 0.0) / e2e_count if e2e_count > 0 else None
+        tokens = inc.get("prompt_tokens", 0.0) + inc.get("generation_tokens", 0.0)
         return {
             "request_rate_per_s": _r(self.rate),
-            "tokens_per_s": _r((self.prompt_tokens + self.generation_tokens) / self.seconds) if self.seconds else None,
-            "running_mean": _r(self.running_s / self.seconds) if self.seconds else None,
-            "waiting_mean": _r(self.waiting_s / self.seconds) if self.seconds else None,
+            "tokens_per_s": _r(tokens / secs) if secs else None,
+            "running_mean": _r(self.gauge_seconds.get("running", 0.0) / secs) if secs else None,
+            "waiting_mean": _r(self.gauge_seconds.get("waiting", 0.0) / secs) if secs else None,
             "ttft_p95_seconds": _r(self.quantile("ttft", 0.95)),
             "tpot_p95_seconds": _r(self.quantile("tpot", 0.95)),
             "queue_time_p95_seconds": _r(self.quantile("queue", 0.95)),
@@ -91,6 +91,12 @@ class Bin(Tally):
 
     instance: str = ""
     end_ms: int = 0
+
+
+def _add_into(into: dict[Any, float], other: dict[Any, float]) -> None:
+    # sums per key: counter increases, gauge seconds, or one family's bucket counts by bound
+    for key, v in other.items():
+        into[key] = into.get(key, 0.0) + v
 
 
 def _r(v: float | None) -> float | None:
@@ -135,9 +141,9 @@ def read_bins(engine: Any, start_ms: int, end_ms: int, bin_ms: int, instance: st
 
 def _put(b: Bin, kind: str, name: str, labels: dict[str, str], v: float) -> None:
     if kind == "counter":
-        setattr(b, name, max(0.0, v))
+        b.increases[name] = max(0.0, v)
     elif kind == "gauge":
-        setattr(b, f"{name}_s", v * b.seconds)
+        b.gauge_seconds[name] = v * b.seconds
     else:
         le = _le(labels.get("le"))
         if le is not None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from vllm_sentinel.agent.diagnosis import kvmath, vllm_defaults
 from vllm_sentinel.agent.diagnosis.fix_inputs import (block_granularity_limit, cannot_compute, evidence_value,
                                                       kv_capacity, readable, request_tokens, seqs_that_fit, signals)
+from vllm_sentinel.agent.diagnosis.fix_knob import knob_fix
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
@@ -60,12 +61,10 @@ def kv_pressure_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | Non
 # -- oom_risk ----------------------------------------------------------------------------------------
 
 @register_fix("oom_risk", "oom_risk.gpu_memory_utilization")
-def oom_gpu_memory_utilization(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+@knob_fix("gpu_memory_utilization", "a lower utilisation", "gpu_memory_used_ratio")
+def oom_gpu_memory_utilization(cfg: LiveConfig, evidence: Mapping[str, float | None], param: str, current: float,
+                               used: float) -> Fix | None:
     """Lower --gpu-memory-utilization by the amount the peak exceeds a safe share of GPU memory."""
-    param, current = "--gpu-memory-utilization", cfg.get("gpu_memory_utilization")
-    (used,), absent = signals(evidence, "gpu_memory_used_ratio")
-    if current is None or absent:
-        return cannot_compute(param, current, cfg, ["gpu_memory_utilization"], "a lower utilisation", absent)
     over = used - SAFE_GPU_MEMORY_RATIO
     if over <= 0:
         return None

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from vllm_sentinel.agent.diagnosis.fix_inputs import (MAX_BATCHED_TOKENS, block_granularity_limit, cannot_compute,
                                                       evidence_value, readable, round_down, seqs_that_fit, signals)
+from vllm_sentinel.agent.diagnosis.fix_knob import knob_fix
 from vllm_sentinel.agent.diagnosis.fix_registry import Fix, register_fix
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.diagnosis.routing import cdf_from_quantiles, split_by_length
@@ -144,12 +145,10 @@ def prefill_length_routing(cfg: LiveConfig, evidence: Mapping[str, float | None]
 # -- underbatched ------------------------------------------------------------------------------------
 
 @register_fix("underbatched", "underbatched.max_num_batched_tokens")
-def underbatched_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+@knob_fix("max_num_batched_tokens", "a larger step budget", "iteration_tokens_p95")
+def underbatched_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None], param: str, current: int,
+                                p95: float) -> Fix | None:
     """Raise --max-num-batched-tokens when steps are capped by it while the device idles."""
-    param, current = "--max-num-batched-tokens", cfg.get("max_num_batched_tokens")
-    (p95,), absent = signals(evidence, "iteration_tokens_p95")
-    if current is None or absent:
-        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a larger step budget", absent)
     if p95 < 0.9 * current or current >= MAX_BATCHED_TOKENS:
         return None
     suggested = min(MAX_BATCHED_TOKENS, current * 2)
@@ -215,12 +214,10 @@ def ttft_max_num_seqs(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> 
 
 
 @register_fix("ttft_slo_breach.max_num_batched_tokens")
-def ttft_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> Fix | None:
+@knob_fix("max_num_batched_tokens", "a step budget", "mean_prompt_tokens")
+def ttft_batched_tokens(cfg: LiveConfig, evidence: Mapping[str, float | None], param: str, current: int,
+                        prompt: float) -> Fix | None:
     """When prefill dominates TTFT and a mean prompt needs several steps, raise the step budget to hold one."""
-    param, current = "--max-num-batched-tokens", cfg.get("max_num_batched_tokens")
-    (prompt,), absent = signals(evidence, "mean_prompt_tokens")
-    if current is None or absent:
-        return cannot_compute(param, current, cfg, ["max_num_batched_tokens"], "a step budget", absent)
     if prompt <= current or current >= MAX_BATCHED_TOKENS:
         return None
     suggested = min(MAX_BATCHED_TOKENS, math.ceil(prompt / 1024) * 1024)

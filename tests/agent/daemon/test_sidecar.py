@@ -78,9 +78,13 @@ def start_daemon(db: Path, *targets: str, extra: tuple[str, ...] = ()) -> subpro
             "--scrape-timeout", "1s", "--metrics-port", "0", *extra]
     for t in targets:
         args += ["--target", t]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return wait_for_api(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), db)
+
+
+def wait_for_api(proc: subprocess.Popen, db: Path, timeout: float = 30) -> subprocess.Popen:
+    """The daemon `proc` once it answers on the API socket of `db`; killed, and the test failed, when it never does."""
     sock = socket_path_for(db)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             client.call(sock, "/v1/health", timeout=1)

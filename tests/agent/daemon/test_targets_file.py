@@ -12,14 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.agent.daemon.test_sidecar import Target, cli, start_daemon, wait_status
-from vllm_sentinel.agent.daemon import client
-from vllm_sentinel.agent.daemon.paths import socket_path_for
+from tests.agent.daemon.test_sidecar import Target, cli, start_daemon, wait_for_api, wait_status
 from vllm_sentinel.agent.store.db import Store
 
 
@@ -129,17 +126,8 @@ def test_config_file_sets_run_options_and_the_command_line_wins(tmp_path, two_ta
     db = tmp_path / "s.duckdb"
     args = [sys.executable, "-m", "vllm_sentinel", "run", "--config", str(config), "--db", str(db),
             "--interval", "0.5s"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = wait_for_api(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), db)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.call(socket_path_for(db), "/v1/health", timeout=1)
-                break
-            except client.ApiError:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, "daemon API never answered"
-                time.sleep(0.2)
         doc = wait_status(db, lambda d: (vllm_collectors(d).get(f"vllm {ia}") or {}).get("last_ms"))
         assert doc["interval_s"] == 0.5  # the command line over the file's 2s
         assert doc["targets_file"]["path"] == str(conf_dir / "targets.yaml")
