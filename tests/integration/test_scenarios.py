@@ -326,8 +326,8 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["start"] <= end(b) and b["start"] <= end(a)
 
 
-# the same clients after the restart: past the 10 s settling margin, 6 intervals of 10 s a side (5 are needed)
-VERIFY_HOLD_S = 80.0
+# the same clients after the restart: CI left only 34 s past the 10 s settling margin after 80 s; 4 intervals of 10 s a side are needed
+VERIFY_HOLD_S = 120.0
 
 
 def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
