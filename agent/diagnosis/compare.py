@@ -156,10 +156,15 @@ def _load(before: WindowValues, after: WindowValues) -> dict:
             "per_request": ratio is not None and abs(ratio - 1) > LOAD_TOLERANCE}
 
 
-def _per_request(points: list[tuple[int, float | None]], rates: list[tuple[int, float | None]]) -> list[float | None]:
-    """Each interval's value divided by its request rate (None where no request finished)."""
-    by_t = dict(rates)
-    return [v / by_t[t] if v is not None and by_t.get(t) else None for t, v in points]
+def _per_request(points: list[tuple[int, float | None]], rate: float | None) -> list[float | None]:
+    """Each interval's value divided by its side's request rate over the whole window.
+
+    Not by the interval's own rate: where scrapes come 10-20 s apart (a server too busy to answer
+    in time) an interval holds every request finished since the last scrape or none, and dividing
+    by none would drop the interval: a fix that slows serving would lose the very intervals that
+    show it preempting less.
+    """
+    return [v / rate if v is not None and rate else None for _t, v in points]
 
 
 def _signal(sig: Signal, before: WindowValues, after: WindowValues, load: dict, interval_ms: int) -> dict | None:
@@ -170,8 +175,8 @@ def _signal(sig: Signal, before: WindowValues, after: WindowValues, load: dict, 
         return None
     per_request = sig.per_request and load["per_request"]
     if per_request:
-        xs = _per_request(before.intervals[sig.name], before.intervals[REQUEST_RATE])
-        ys = _per_request(after.intervals[sig.name], after.intervals[REQUEST_RATE])
+        xs = _per_request(before.intervals[sig.name], before.whole.get(REQUEST_RATE))
+        ys = _per_request(after.intervals[sig.name], after.whole.get(REQUEST_RATE))
     test = compare_intervals(xs, ys)
     delta = _delta_pct(b, a)
     # a histogram quantile moves within its bucket with every interval: a few per cent is no change

@@ -3,12 +3,15 @@
 Each signal is a template with `{w}` = seconds, which over a whole window gives the window's value
 (quantiles of every request that finished in it, counts divided by its length). The per-interval
 values that the significance test compares come from the counters themselves: their values at
-each interval boundary (a range query of the bare counter, or of the histogram's buckets), one
+each interval boundary (a range query of the counter, or of the histogram's buckets), one
 boundary minus the one before. Unlike increase() over each interval, which needs two scrapes
 inside it, this loses no interval and no count where scrapes are sparse: a starved sidecar
-stretches its interval to 8 s, a Prometheus scrapes every 15 s. Counters and histograms, not
-sampled gauges, wherever the metric allows: a busy host answers /metrics between engine steps
-(KV usage and GPU activity are gauges: averaged over every scrape of each interval).
+stretches its interval to 8 s, a Prometheus scrapes every 15 s. A boundary reads the counter's
+last sample before it, past any staleness marker: a scrape that timed out on a busy server marks
+every series stale until the next one answers, and a counter that missed a scrape has not reset.
+Counters and histograms, not sampled gauges, wherever the metric allows: a busy host answers
+/metrics between engine steps (KV usage and GPU activity are gauges: averaged over every scrape
+of each interval).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from vllm_sentinel.agent.promql.functions import bucket_quantile
 from vllm_sentinel.agent.promql.remote import instant_all, range_all
 
 LOWER_IS_BETTER, HIGHER_IS_BETTER, NEUTRAL = -1, 1, 0
+BOUNDARY_LOOKBACK_S = 300  # a counter's value at a boundary: its last sample this far back (PromQL's lookback)
 
 
 @dataclass(frozen=True)
@@ -103,9 +107,13 @@ def window_values(engine: object, instance: str, start_ms: int, end_ms: int, int
     counters = sorted({s.counter for s in SIGNALS if s.counter})
     histograms = sorted({s.histogram for s in SIGNALS if s.histogram})
     gauges = [s for s in SIGNALS if not s.counter and not s.histogram]
-    # boundaries at start, start + interval, ...: what was counted by each, for the differences
-    queries = [(f"sum by (instance) ({c})", start_ms, end_ms, interval_ms) for c in counters]
-    queries += [(f"sum by (instance, le) ({h}_bucket)", start_ms, end_ms, interval_ms) for h in histograms]
+    # boundaries at start, start + interval, ...: what was counted by each, for the differences. The
+    # last sample at or before each boundary, not the instant value: a failed scrape writes staleness
+    # markers, and a boundary that fell after one would have no value and cost two intervals
+    last = f"last_over_time({{}}[{BOUNDARY_LOOKBACK_S}s])"
+    queries = [(f"sum by (instance) ({last.format(c)})", start_ms, end_ms, interval_ms) for c in counters]
+    queries += [(f"sum by (instance, le) ({last.format(h + '_bucket')})", start_ms, end_ms, interval_ms)
+                for h in histograms]
     queries += [(s.expr.format(w=step_s), start_ms + interval_ms, end_ms, interval_ms) for s in gauges]
     results = range_all(engine, queries)
     mine = [[s for s in series if s.labels.get("instance") == instance] for series in results]

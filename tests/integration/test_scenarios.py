@@ -359,7 +359,7 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]
     signals = {s["name"]: s for s in cmp["signals"]}
     pre = signals["preemptions_per_s"]
-    assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], pre
+    assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], (pre["method"], pre)
     assert "kv_cache_pressure" in cmp["incidents"]["before"], cmp["incidents"]
     assert "kv_cache_pressure" in cmp["incidents"]["stopped"], cmp["incidents"]
     record_property("compare_window", cmp["window"])

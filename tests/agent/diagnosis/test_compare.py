@@ -21,8 +21,10 @@ from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.compare import CompareError, CompareRequest, NoChangeFound, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, request_query, store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+from vllm_sentinel.agent.promql.notation import parse_series_selector
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.ingest import ingest_text
+from vllm_sentinel.collectors.base import Batch
 from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 
 CANARY = "canary:8000"
@@ -66,23 +68,46 @@ def canary(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {**session, "path": path}
 
 
-@pytest.fixture(scope="module")
-def sparse(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The session with every fourth sample of each series kept: scrapes 8 s apart, as a starved sidecar
-    (its interval stretched) or a Prometheus at 15 s would have them."""
-    path = tmp_path_factory.mktemp("compare-sparse") / "sparse.duckdb"
+def thinned(session: dict, path: Path, every: int = 4, failed_scrapes: bool = False) -> dict:
+    """The session with every `every`th sample of each series kept (scrapes 2 s x `every` apart); with
+    `failed_scrapes`, a staleness marker halfway between two kept ones, as a scrape that timed out
+    writes for each series of its target."""
     seen: dict[str, int] = {}
     kept = []
+    stale: dict[str, Batch] = {}
     for line in gzip.open(default_recording(), "rt").read().splitlines():
         if line.startswith("#"):
             continue
-        key = line.rsplit(" ", 2)[0]
+        key, _value, ts = line.rsplit(" ", 2)
         seen[key] = seen.get(key, -1) + 1
-        if seen[key] % 4 == 0:
+        if seen[key] % every == 0:
             kept.append(line)
+        elif seen[key] % every == every // 2 and failed_scrapes:
+            name, labels = parse_series_selector(key)
+            instance = labels.pop("instance")
+            stale.setdefault(instance, Batch(instance=instance, ts_ms=0)).add(name, labels, None, int(ts))
     with Store.open(path) as store:
         ingest_text(store, "\n".join(kept) + "\n", None, session["span"][1])
+        store.append_many(list(stale.values()))
     return {**session, "path": path}
+
+
+@pytest.fixture(scope="module")
+def sparse(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Scrapes 8 s apart, as a starved sidecar (its interval stretched) or a Prometheus at 15 s has them."""
+    return thinned(session, tmp_path_factory.mktemp("compare-sparse") / "sparse.duckdb")
+
+
+@pytest.fixture(scope="module")
+def sparser(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Scrapes 16 s apart, as a server too busy to answer most scrapes in time: some 10 s intervals hold none."""
+    return thinned(session, tmp_path_factory.mktemp("compare-sparser") / "sparser.duckdb", every=8)
+
+
+@pytest.fixture(scope="module")
+def failing(session: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Scrapes 8 s apart and a failed one between each two: every series stale for 4 s of each 8."""
+    return thinned(session, tmp_path_factory.mktemp("compare-failing") / "failing.duckdb", failed_scrapes=True)
 
 
 def run(path: Path, req: CompareRequest) -> dict:
@@ -169,12 +194,15 @@ def test_the_daemon_query_round_trips() -> None:
     assert request_from_query({k: str(v) for k, v in request_query(req).items()}) == req
 
 
-def test_sparse_scrapes_lose_no_interval(session: dict, sparse: dict) -> None:
+@pytest.mark.parametrize("thin", ["sparse", "failing", "sparser"])
+def test_sparse_scrapes_lose_no_interval(session: dict, thin: str, request: pytest.FixtureRequest) -> None:
     """With scrapes 8 s apart every 10 s interval still has its count (the counters' values at the
-    boundaries, one minus the other), the counts add up to the window's, and the difference holds."""
+    boundaries, one minus the other), the counts add up to the window's, and the difference holds;
+    a boundary that falls after a failed scrape's staleness markers reads the last sample before them.
+    Preemptions per finished request keep every interval, those where no scrape (so no request) landed too."""
     p = session["phases"]
     req = CompareRequest(session["span"], before=p["queue_blocking"], after=p["kv_cache_pressure"], interval_ms=10_000)
-    doc, full = run(sparse["path"], req), run(session["path"], req)
+    doc, full = run(request.getfixturevalue(thin)["path"], req), run(session["path"], req)
     for side in ("before", "after"):
         lo, hi = p["queue_blocking" if side == "before" else "kv_cache_pressure"]
         expected = (hi - lo) // 10_000
@@ -186,7 +214,9 @@ def test_sparse_scrapes_lose_no_interval(session: dict, sparse: dict) -> None:
                 sum(v for _t, v in full["intervals"][name][side] if v is not None) * 10, rel=0.1, abs=8)
     pre = signals(doc)["preemptions_per_s"]
     assert pre["significant"] is True and pre["better"] is False, pre
-    assert "Mann-Whitney" in pre["method"]
+    assert doc["load"]["per_request"] is True
+    n = [(hi - lo) // 10_000 for lo, hi in (p["queue_blocking"], p["kv_cache_pressure"])]
+    assert f"Mann-Whitney U over 10 s intervals ({n[0]} vs {n[1]})" in pre["method"], pre["method"]
 
 
 def test_an_incident_carried_over_from_before_the_change_is_not_the_after_sides() -> None:
