@@ -196,8 +196,10 @@ def test_the_daemon_sends_a_firing_incident_and_its_resolution_to_a_real_alertma
     db = tmp_path / "s.duckdb"
     metrics_port = free_port()
     proc = start_daemon(db, f"http://127.0.0.1:{target.port}",
+                        # the incident's report is asserted below: no budget defers it on a busy host
+                        # (tests/agent/daemon/test_cpu_budget.py tests the deferral)
                         extra=("--eval-interval", "1s", "--rules", str(rules), "--alertmanager", alertmanager,
-                               "--metrics-port", str(metrics_port)))
+                               "--metrics-port", str(metrics_port), "--cpu-budget", "100%"))
     try:
         [alert] = wait_for(lambda: alerts_in(alertmanager), "the alert in Alertmanager")
         assert alert["labels"]["alertname"] == "Down" and alert["labels"]["incident"] == "target_down"
