@@ -78,11 +78,6 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         raise ValueError("--interval must be positive")
     for url in options.alertmanagers:
         alerts_url(url)  # a wrong URL fails here, before the store is opened
-    check_metrics_port(options.metrics_port, options.metrics_host)
-    try:  # before anything starts: a socket folder others can write would let them answer for us
-        prepare_socket_dir(options.socket_path or socket_path_for(options.db))
-    except UnsafeSocketPath as e:
-        raise ValueError(str(e)) from None
     processes: dict[str, ProcessCollector] = {}  # instance -> its process collector, as targets come and go
     targets = TargetSet([static_target(t) for t in options.targets], options.targets_file,
                         _target_starter(options, processes))
@@ -92,6 +87,12 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     # --params is read once, here; a request's own overrides replace it, never re-read it
     overrides = load_params_file(options.params) if options.params else None
     pack = load_pack(options.rules, overrides)  # a wrong rule file fails here, at start, naming file:line
+    # what the host holds comes after what the command line says: a wrong file is named whatever the port
+    check_metrics_port(options.metrics_port, options.metrics_host)
+    try:  # before anything starts: a socket folder others can write would let them answer for us
+        prepare_socket_dir(options.socket_path or socket_path_for(options.db))
+    except UnsafeSocketPath as e:
+        raise ValueError(str(e)) from None
     store = Store.open(options.db)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     budget = CpuBudget(options.cpu_budget, options.interval_s)
