@@ -76,6 +76,12 @@ def fresh_copy_size(path: Path, partitions: list[str], fresh: Path) -> int:
     return os.path.getsize(fresh)
 
 
+def archive_size(path: Path) -> int:
+    """Bytes of the closed hours' Parquet files beside the store file."""
+    folder = path.parent / (path.name + ".hours")
+    return sum(f.stat().st_size for f in folder.glob("*.parquet")) if folder.is_dir() else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=int, default=10, help="minutes of 1 Hz data for 16 targets")
@@ -120,8 +126,9 @@ def main() -> None:
         after = os.path.getsize(path)
         print(f"file before sorting: {before/samples:.2f} B/sample ({before/2**20:.1f} MiB for {samples:,} samples)")
         fresh = fresh_copy_size(path, sorted_parts, Path(d) / "sorted-copy.duckdb")
-        print(f"closed partition sorted by (series_id, ts) in {took:.1f} s; "
-              f"{fresh/samples:.2f} B/sample in a fresh file "
+        parquet = archive_size(path)
+        print(f"closed hour archived sorted by (series_id, ts) in {took:.1f} s: {parquet/samples:.2f} B/sample in "
+              f"Parquet, {(parquet + fresh)/samples:.2f} B/sample with the series table in a fresh DuckDB file "
               f"(in-place file {after/2**20:.1f} MiB: DuckDB reuses, never shrinks)")
 
 

@@ -13,8 +13,8 @@ contender pays for them). Then, each alone on the machine in turn, for --duratio
 Measured for each: CPU (utime+stime from /proc, the process and its children, reaped ones too)
 per scrape of one target, scrapes from its own counters, peak RSS (VmHWM), and bytes on disk per
 sample once compacted: Prometheus's head cut to a block by a TSDB snapshot (admin API), the
-sidecar's partitions forced through its hourly sorted rewrite and copied to a fresh file (DuckDB
-never shrinks a file in place). Prints a table and the ratios; asserts nothing.
+sidecar's partitions forced through its hourly rewrite (sorted zstd Parquet files beside the store),
+plus the rest of the store copied to a fresh file (DuckDB never shrinks a file in place). Prints a table and the ratios; asserts nothing.
 
     .venv/bin/python bench/vs_prometheus.py [--targets 16] [--duration 120] [--warmup 15] [--interval 1s]
 """
@@ -34,7 +34,6 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
 
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
 from vllm_sentinel.agent.store.db import HOUR_MS, Store
@@ -42,7 +41,7 @@ from vllm_sentinel.collectors.base import now_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak import free_port  # noqa: E402  (bench/ is a folder of scripts, not a package)
-from store import fresh_copy_size  # noqa: E402
+from store import archive_size, fresh_copy_size  # noqa: E402
 
 SOAK = Path(__file__).resolve().parent / "soak.py"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -142,10 +141,11 @@ def run_sidecar(tmp: Path, ports: list[int], args: argparse.Namespace) -> dict:
         parts = store.sort_closed(now_ms() + 3 * HOUR_MS)  # every partition closed: the hourly rewrite, forced
     finally:
         store.close()
-    con = duckdb.connect(str(db), read_only=True)
-    samples = sum(con.execute(f"SELECT count(*) FROM {p}").fetchone()[0] for p in parts)
-    con.close()
-    got.update(disk_bytes=fresh_copy_size(db, parts, tmp / "sorted-copy.duckdb"), disk_samples=samples)
+    with Store.open(db, read_only=True) as r:
+        samples = r.con.execute("SELECT count(*) FROM samples").fetchone()[0]
+    # the closed hours' Parquet files plus the rest of the store (series table) in a fresh file
+    got.update(disk_bytes=fresh_copy_size(db, parts, tmp / "sorted-copy.duckdb") + archive_size(db),
+               disk_samples=samples)
     return got
 
 

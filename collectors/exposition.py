@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["MAX_TIMESTAMP_MS", "MIN_TIMESTAMP_MS", "ParseError", "Parsed", "looks_openmetrics", "parse",
+__all__ = ["MAX_TIMESTAMP_MS", "MIN_TIMESTAMP_MS", "ParseError", "Parsed", "Shape", "looks_openmetrics", "parse",
            "parse_labels"]
 
 # Legacy metric names (colons allowed) and label names, as in the text format spec.
@@ -66,9 +66,32 @@ class Parsed:
     errors: list[ParseError] = field(default_factory=list)
     openmetrics: bool = False
     dropped_created: int = 0
+    # with keep_shape: the exposition's shape, when every sample line was plain (see Shape)
+    shape: Shape | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """Everything a clean parse learned from an exposition but its sample values.
+
+    A server sends the same lines every scrape with new values. When the next body has the same text
+    before each line's last blank (`heads`) and the same comment and blank lines, it holds the same
+    series in the same order, so `parse(..., shape=)` reads only the values. Kept only for a parse
+    without errors whose every sample line was plain 'name{labels} value' (no timestamp, no exemplar).
+    """
+
+    heads: list[str]
+    verbatim: list[int]  # lines compared whole: comments, blank lines, anything after '# EOF'
+    texts: list[str]
+    samples: list[int]  # line of each sample, in order
+    created: list[int]  # lines of dropped *_created samples: their values must still be numbers
+    names: list[str]
+    labels: list[str]
+    types: dict[str, str]
+    openmetrics: bool
 
 
 def looks_openmetrics(text: str, content_type: str | None = None) -> bool:
@@ -172,13 +195,14 @@ def _timestamp_ms(token: str, openmetrics: bool) -> int:
 # One function on purpose: it is the scrape's hot loop, run once per line of every exposition, and
 # splitting it into helpers would add a Python call per line; keep its branches inline.
 def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
-          check_labels: bool = True) -> Parsed:
+          check_labels: bool = True, shape: Shape | None = None, keep_shape: bool = False) -> Parsed:
     """Parse one exposition into parallel lists; `*_created` samples are dropped.
 
     openmetrics=None detects the format (a final `# EOF`). Timestamps come back as integer ms
     (text format writes ms, OpenMetrics float seconds). strict=True raises ParseError on the
     first malformed line; strict=False skips it and records it in `errors`. check_labels
-    validates each distinct label text once (cached across calls).
+    validates each distinct label text once (cached across calls). `shape` (the last parse's
+    `Parsed.shape`) reads a body of the same shape by its values alone; `keep_shape` records one.
 
     >>> p = parse('# TYPE a counter\\na_total{x="1"} 3\\na_created{x="1"} 1.7e9\\n')
     >>> p.names, p.labels, p.values, p.types
@@ -197,9 +221,17 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
     lines = text.split("\n")
     if text[:1] in (" ", "\t") or "\n " in text or "\n\t" in text:
         lines = [line.strip() for line in lines]  # rare: indented lines
+    if shape is not None and shape.openmetrics == openmetrics:
+        replayed = _replay(shape, lines)
+        if replayed is not None:
+            return replayed
     add_name, add_labels, add_value, add_stamp = (
         names.append, labels.append, values.append, stamps.append)
     eof_index = -1
+    keep_shape = keep_shape and check_labels
+    sample_lines: list[int] = []
+    created_lines: list[int] = []
+    plain = True  # every sample line took the plain path (no timestamp, exemplar or odd spacing)
 
     for index, line in enumerate(lines):
         if not line:
@@ -235,6 +267,7 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
                 label_text = ""
                 cacheable = True
             else:
+                plain = False
                 parsed = _slow_line(out, strict, index, line, openmetrics)
                 if parsed is None:
                     continue
@@ -265,18 +298,56 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
             continue
         if name is _CREATED:
             dropped += 1
+            if keep_shape:
+                created_lines.append(index)
             continue
         add_name(name)
         add_labels(label_text)
         add_value(value)
         add_stamp(stamp)
+        if keep_shape:
+            sample_lines.append(index)
 
     if eof_index >= 0:
         for index in range(eof_index + 1, len(lines)):
             if lines[index]:
                 _fail(out, strict, index, lines[index], "content after # EOF")
     out.dropped_created = dropped
+    if keep_shape and plain and not out.errors:
+        out.shape = _shape_of(out, lines, sample_lines, created_lines)
     return out
+
+
+def _shape_of(out: Parsed, lines: list[str], sample_lines: list[int], created_lines: list[int]) -> Shape:
+    taken = set(sample_lines)
+    taken.update(created_lines)
+    verbatim = [i for i in range(len(lines)) if i not in taken]
+    return Shape(heads=[line.rpartition(" ")[0] for line in lines], verbatim=verbatim,
+                 texts=[lines[i] for i in verbatim], samples=sample_lines, created=created_lines,
+                 names=list(out.names), labels=list(out.labels), types=dict(out.types),
+                 openmetrics=out.openmetrics)
+
+
+def _replay(shape: Shape, lines: list[str]) -> Parsed | None:
+    """The body's samples by `shape`, or None when the body is not of that shape (parse it whole)."""
+    if len(lines) != len(shape.heads):
+        return None
+    parts = [line.rpartition(" ") for line in lines]
+    if [p[0] for p in parts] != shape.heads or [lines[i] for i in shape.verbatim] != shape.texts:
+        return None
+    tokens = [parts[i][2] for i in shape.samples]
+    created = [parts[i][2] for i in shape.created]
+    if "_" in "".join(tokens) or "_" in "".join(created):  # float() takes '1_000'; the formats do not
+        return None
+    try:
+        values = list(map(float, tokens))
+        for token in created:
+            float(token)
+    except ValueError:
+        return None  # a malformed value: the whole parse names its line
+    return Parsed(names=list(shape.names), labels=list(shape.labels), values=values,
+                  timestamps_ms=[None] * len(values), types=dict(shape.types), openmetrics=shape.openmetrics,
+                  dropped_created=len(shape.created), shape=shape)
 
 
 def _slow_line(out: Parsed, strict: bool, index: int, line: str,

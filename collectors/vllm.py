@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch, CollectorStatus
-from vllm_sentinel.collectors.exposition import ParseError, looks_openmetrics, parse
+from vllm_sentinel.collectors.exposition import ParseError, Shape, looks_openmetrics, parse
 from vllm_sentinel.collectors.target_labels import TargetLabels
 
 __all__ = ["ACCEPT", "Response", "ResponseTooLarge", "TruncatedBody", "VllmCollector", "http_fetch",
@@ -142,6 +142,10 @@ class VllmCollector:
         self.target_labels = TargetLabels(labels)  # a targets file's labels, on every series of this target
         # (metric, label text) of every series in the last successful scrape, for staleness
         self._live: set[tuple[str, str]] = set()
+        # the last body's shape, and what was derived from it (canonical names, renames, labels with the
+        # target's): a body of the same shape holds the same series, so only its values are new
+        self._shape: Shape | None = None
+        self._derived: tuple[list[str], dict[str, str], list[str]] | None = None
         self.last_status: CollectorStatus | None = None
 
     def collect(self, now_ms: int) -> Batch:
@@ -191,10 +195,15 @@ class VllmCollector:
                     "nothing of this scrape was kept (check a proxy's buffer and timeouts)"), 0
         # Lenient: one odd line (say, from a third-party KV connector) must not blind the sidecar
         # to every other metric; the status names the line so it can be reported upstream.
-        parsed = parse(text, openmetrics=openmetrics, strict=False)
+        parsed = parse(text, openmetrics=openmetrics, strict=False, shape=self._shape, keep_shape=True)
         detail["content_type"] = response.content_type
-        metrics, renames = resolve(parsed.names)
+        same_series = parsed.shape is not None and parsed.shape is self._shape and self._derived is not None
+        if same_series:
+            metrics, renames, labels = self._derived
+        else:
+            metrics, renames = resolve(parsed.names)
         if not any(name.startswith("vllm:") for name in metrics):
+            self._shape = self._derived = None
             if parsed.errors:
                 first = parsed.errors[0]
                 return (f"{self.url} did not return Prometheus metrics: malformed line "
@@ -203,15 +212,19 @@ class VllmCollector:
                     "not a vLLM server, or vLLM runs with --disable-log-stats (drop that flag)"), 0
         if renames:
             batch.sources = {canonical: source for source, canonical in renames.items()}
-        labels = self.target_labels.apply_all(parsed.labels)
+        if not same_series:
+            labels = self.target_labels.apply_all(parsed.labels)
         batch.metrics.extend(metrics)
         batch.labels.extend(labels)
         batch.values.extend(parsed.values)
         batch.timestamps_ms.extend(parsed.timestamps_ms)
-        live = set(zip(metrics, labels))
-        for metric, labels in self._live - live:  # gone since the last scrape: one stale marker
-            batch.add(metric, labels, None)
-        self._live = live
+        if not same_series:  # the same series as last time: none went stale
+            live = set(zip(metrics, labels))
+            for metric, labels_text in self._live - live:  # gone since the last scrape: one stale marker
+                batch.add(metric, labels_text, None)
+            self._live = live
+            self._shape = parsed.shape
+            self._derived = (metrics, renames, labels) if parsed.shape is not None else None
         error = None
         if parsed.errors:
             first = parsed.errors[0]
@@ -235,6 +248,7 @@ class VllmCollector:
         for metric, labels in self._live:
             batch.add(metric, labels, None)
         self._live = set()
+        self._shape = self._derived = None  # the next body is compared with nothing
 
     def _explain(self, exc: Exception) -> str:
         """One line: what failed and the fix."""

@@ -28,7 +28,7 @@ app = typer.Typer(add_completion=False)
 DEFAULTS: dict[str, Any] = {
     "interval": "1s", "scrape_timeout": "", "scrape_max_bytes": 32 * 2**20, "retention": "7d",
     "metrics_port": 9464, "metrics_host": "127.0.0.1", "nvml": "auto", "eval_interval": "5s",
-    "vllm_profiler": "", "cpu_budget": "10%", "duration": "", "verbose": False,
+    "vllm_profiler": "", "cpu_budget": "10%", "store_memory": "256MB", "duration": "", "verbose": False,
 }
 D = DEFAULTS
 
@@ -53,6 +53,7 @@ def run(ctx: typer.Context,
         alertmanager: Optional[list[str]] = typer.Option(None, "--alertmanager", help="send incidents as alerts to this Alertmanager, e.g. http://127.0.0.1:9093 (repeatable)"),
         vllm_profiler: Optional[str] = typer.Option(None, "--vllm-profiler", help="also run vLLM's own profiler (torch, or nsys under `nsys launch`) this long, e.g. 3s, when a stack-explained incident opens; it slows serving, so at most once per target per 10 min (default: off)"),
         cpu_budget: Optional[str] = typer.Option(None, "--cpu-budget", help=f"the daemon's CPU, as a share of one core (e.g. 5% or 0.05; default {D['cpu_budget']}): above it, stack captures, profiler runs and reports wait, and on a saturated host the interval stretches (up to 8x)"),
+        store_memory: Optional[str] = typer.Option(None, "--store-memory", help=f"DuckDB's memory for the store (e.g. 256MB or 1GiB; default {D['store_memory']}): past it, cached blocks are evicted and large sorts spill to disk beside the --db"),
         duration: Optional[str] = typer.Option(None, help="stop after this long (default: until SIGTERM/SIGINT)"),
         verbose: Optional[bool] = typer.Option(None, "-v", help="log to stderr")) -> None:
     """The sidecar daemon: scrape, store, evaluate, serve the local API."""
@@ -104,7 +105,7 @@ def _daemon_options(v: dict[str, Any], from_file: dict[str, FromFile]) -> tuple[
         rules=v.get("rules") or None, eval_interval_s=duration_s(v["eval_interval"], flag("eval_interval")),
         reports_dir=v.get("reports_dir"), params=v.get("params"),
         vllm_profiler_s=duration_s(v["vllm_profiler"], flag("vllm_profiler")) if v["vllm_profiler"] else None,
-        alertmanagers=list(v.get("alertmanager") or []), cpu_budget=budget)
+        alertmanagers=list(v.get("alertmanager") or []), cpu_budget=budget, store_memory=v["store_memory"])
     return options, duration_s(v["duration"], flag("duration")) if v["duration"] else None
 
 

@@ -24,7 +24,7 @@ from vllm_sentinel.agent.diagnosis.incidents import Evaluator
 from vllm_sentinel.agent.diagnosis.replica_signal import ReplicaNeed, current_replicas, desired_replicas
 from vllm_sentinel.agent.diagnosis.diagnose import WindowEvaluator
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
-from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.agent.store.db import DEFAULT_MEMORY_LIMIT, Store
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.nvml import NvmlCollector
 from vllm_sentinel.collectors.process import ProcessCollector
@@ -59,6 +59,7 @@ class DaemonOptions:
     vllm_profiler_s: float | None = None  # trigger vLLM's profiler this long on stack-explained incidents; None: never
     extra_collectors: list = field(default_factory=list)
     cpu_budget: float = DEFAULT_BUDGET  # fraction of one core; optional work waits and the interval stretches to keep it
+    store_memory: str = DEFAULT_MEMORY_LIMIT  # DuckDB's buffer pool; past it blocks are evicted, sorts spill
 
 
 def default_scrape_timeout_s(interval_s: float) -> float:
@@ -93,7 +94,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         prepare_socket_dir(options.socket_path or socket_path_for(options.db))
     except UnsafeSocketPath as e:
         raise ValueError(str(e)) from None
-    store = Store.open(options.db)
+    store = Store.open(options.db, memory_limit=options.store_memory)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     budget = CpuBudget(options.cpu_budget, options.interval_s)
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack,

@@ -7,6 +7,7 @@ file read-only only when no daemon holds it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -17,15 +18,23 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from vllm_sentinel.agent.store import hour_archive
 from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
 from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
 
+log = logging.getLogger(__name__)
+
 HOUR_MS = 3_600_000
 # a partition is "closed" (safe to sort) once its hour ended this long ago: late scrapes land first
 CLOSE_GRACE_MS = 120_000
+# DuckDB's buffer pool for a read-write store: without a limit it keeps every block it wrote (80 % of RAM),
+# so the daemon's memory grows with the hour; past the limit it evicts, and large sorts spill to disk
+DEFAULT_MEMORY_LIMIT = "256MB"
+_LAYOUTS_MAX = 10_000  # batch layouts kept (one per target and collector); cleared when more appear
+PARTITION_COLUMNS = "(ts BIGINT NOT NULL, series_id UINTEGER NOT NULL, value DOUBLE)"
 # tests only: stop at this named point inside a transaction so a test can kill -9 the process there
 _STALL_AT = os.environ.get("VLLM_SENTINEL_TEST_STALL_AT")
 
@@ -123,18 +132,26 @@ class Store:
         self.read_only = read_only
         self._lock = threading.RLock()
         self._series: dict[tuple[str, str, str], int] = {}  # (instance, metric, label text as seen)
+        # (instance, samples, first and last metric) -> (metrics, label texts, series ids) of its last batch
+        self._layouts: dict[tuple, tuple[list[str], list[str], list[int]]] = {}
         self._canonical: dict[tuple[str, str, str], int] = {}  # (instance, metric, canonical text)
         self._next_id = 0
-        self._partitions: dict[int, bool] = {}  # hour index -> sorted
+        self._partitions: dict[int, bool] = {}  # hour index -> sorted (its table empty, all of it in its archive)
+        self._archives: dict[int, str] = {}  # hour index -> its Parquet file's name in self.archive_folder
+        self.archive_folder = hour_archive.folder_for(path)
+        self.missing_archives: list[str] = []  # archive files a partition names but the folder lacks
         self._invalidated: str | None = None  # why DuckDB invalidated the connection; reopened before the next write
         self.writes = WriteLog()  # what changed since a live reader's last read
         self._load()
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, read_only: bool = False) -> "Store":
-        """Open (and create or migrate, when read-write) the store at `path`."""
+    def open(cls, path: str | Path, read_only: bool = False,
+             memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> "Store":
+        """Open (and create or migrate, when read-write) the store at `path`; a read-write open bounds
+        DuckDB's memory to `memory_limit` (None: DuckDB's default, 80 % of RAM)."""
         path = str(path)
+        memory = _memory_setting(memory_limit) if memory_limit and not read_only else None  # before any file is made
         if path != ":memory:" and not read_only:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         if read_only and path != ":memory:" and not Path(path).exists():
@@ -145,7 +162,14 @@ class Store:
                 _check_schema(con, path)
             else:
                 migrate(con)
-            return cls(con, path, read_only)
+                if memory:
+                    con.execute(f"SET memory_limit = '{memory}'")
+            store = cls(con, path, read_only)
+            if not read_only:
+                hour_archive.sweep(store.archive_folder, set(store._archives.values()))
+                if store.missing_archives:
+                    store._refresh_view()  # the ad-hoc view stops naming files that are gone
+            return store
         except duckdb.Error as e:
             con.close()
             raise StoreCorrupt(f"{path}: {str(e).splitlines()[0]}. Move the file aside and use a new --db.") from e
@@ -172,6 +196,7 @@ class Store:
         view.con = self.con.cursor()
         view.read_only = True
         view._partitions = dict(self._partitions)
+        view._archives = dict(self._archives)
         return view
 
     def _load(self) -> None:
@@ -180,8 +205,18 @@ class Store:
             self._canonical[(instance, metric, text)] = sid
             self._series[(instance, metric, text)] = sid
         self._next_id = max((r[0] for r in rows), default=-1) + 1
-        for idx, is_sorted in self.con.execute("SELECT idx, sorted FROM partitions").fetchall():
+        self.missing_archives = []
+        for idx, is_sorted, archive in self.con.execute("SELECT idx, sorted, archive FROM partitions").fetchall():
             self._partitions[idx] = bool(is_sorted)
+            if archive is None:
+                continue
+            if self.archive_folder is not None and (self.archive_folder / archive).is_file():
+                self._archives[idx] = archive
+            else:
+                # reads go on without that hour rather than failing every query that touches it
+                self.missing_archives.append(archive)
+                log.warning("%s: the archive file %s of hour %d is missing; its samples cannot be read. Restore "
+                            "it into %s", self.path, archive, idx, self.archive_folder)
 
     # -- writing -----------------------------------------------------------------------------
     def append(self, batch: Batch) -> int:
@@ -229,26 +264,42 @@ class Store:
         events: list[Event] = []
         refused = Refusals()
         cache = self._series
+        layouts = self._layouts
         for i, b in enumerate(batches):
             events.extend(b.events)
             instance, default_ts = b.instance, b.ts_ms
+            n = len(b.metrics)
+            # a target sends the same series in the same order every scrape: its series ids are the last ones
+            untimed = b.timestamps_ms.count(None) == n
+            key = (instance, n, b.metrics[0], b.metrics[-1]) if n and untimed else None
+            layout = layouts.get(key) if key is not None else None
+            if layout is not None and layout[0] == b.metrics and layout[1] == b.labels and timestamp_ok(default_ts):
+                ts_col.extend([default_ts] * n)
+                sid_col.extend(layout[2])
+                val_col.extend(b.values)
+                continue
+            first, before = len(sid_col), refused.total
             for metric, text, value, t in zip(b.metrics, b.labels, b.values, b.timestamps_ms):
                 ts = default_ts if t is None else t
                 if not timestamp_ok(ts):
                     refused.add(i, instance, "timestamp", describe_timestamp(metric, text, ts))
                     continue
-                key = (instance, metric, text)
-                sid = cache.get(key)
+                key_ = (instance, metric, text)
+                sid = cache.get(key_)
                 if sid is None:
                     try:
                         sid = self._new_series_id(instance, metric, text, b.sources.get(metric, metric), new_series)
                     except ValueError as e:
                         refused.add(i, instance, "labels", describe_labels(metric, text, e))
                         continue
-                    cache[key] = sid
+                    cache[key_] = sid
                 ts_col.append(ts)
                 sid_col.append(sid)
                 val_col.append(value)
+            if key is not None and refused.total == before:
+                if len(layouts) >= _LAYOUTS_MAX:
+                    layouts.clear()
+                layouts[key] = (list(b.metrics), list(b.labels), sid_col[first:])
         return ts_col, sid_col, val_col, new_series, events, refused
 
     def _write(self, ts_col: list[int], sid_col: list[int], val_col: list[float | None],
@@ -259,7 +310,8 @@ class Store:
             "series_id": pa.array(sid_col, pa.uint32()),
             "value": pa.array(val_col, pa.float64()),
         })
-        hours = sorted({t // HOUR_MS for t in ts_col})
+        lo, hi = min(ts_col, default=0) // HOUR_MS, max(ts_col, default=0) // HOUR_MS
+        hours = [lo] if lo == hi else sorted({t // HOUR_MS for t in ts_col})
         con = self.con
         try:
             con.execute("BEGIN TRANSACTION")
@@ -318,13 +370,15 @@ class Store:
                                   f"{str(e).splitlines()[0][:200]}. Free space on its disk; writing resumes by "
                                   "itself") from e
         self.con, self._invalidated = con, None
-        self._series, self._canonical, self._partitions = {}, {}, {}
+        self._series, self._canonical, self._partitions, self._archives = {}, {}, {}, {}
+        self._layouts = {}
         self._load()
 
     def _undo(self, first_new_id: int, partitions: dict[int, bool]) -> None:
         """After a failed write: end the transaction if one is left and forget what it handed out."""
         self._rollback()
         # series ids handed out in the failed call are handed out again, to the series that next needs one
+        self._layouts.clear()  # they may hold ids handed out in the failed call
         if self._next_id != first_new_id:
             self._series = {k: v for k, v in self._series.items() if v < first_new_id}
             self._canonical = {k: v for k, v in self._canonical.items() if v < first_new_id}
@@ -355,26 +409,35 @@ class Store:
 
     def _create_partition(self, idx: int) -> None:
         name = partition_name(idx)
-        self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} (ts BIGINT NOT NULL, series_id UINTEGER NOT NULL, value DOUBLE)")
-        self.con.execute("INSERT INTO partitions VALUES (?, ?, ?, ?, false)", [idx, name, idx * HOUR_MS, (idx + 1) * HOUR_MS])
+        self.con.execute(f"CREATE TABLE IF NOT EXISTS {name} {PARTITION_COLUMNS}")
+        self.con.execute("INSERT INTO partitions VALUES (?, ?, ?, ?, false, NULL)",
+                         [idx, name, idx * HOUR_MS, (idx + 1) * HOUR_MS])
         self._partitions[idx] = False
         self._refresh_view()
 
     def _refresh_view(self) -> None:
         # `samples` spans every partition, for ad-hoc SQL; the engine uses samples_sql() instead
-        names = [partition_name(i) for i in sorted(self._partitions)]
-        body = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names) if names else _EMPTY_SAMPLES
+        parts = [self._partition_sql(i) for i in sorted(self._partitions)]
+        body = " UNION ALL ".join(parts) if parts else _EMPTY_SAMPLES
         self.con.execute(f"CREATE OR REPLACE VIEW samples AS {body}")
+
+    def _partition_sql(self, idx: int) -> str:
+        """One hour's rows: its table (the samples not yet archived) and its archive file, if any."""
+        table = f"SELECT ts, series_id, value FROM {partition_name(idx)}"
+        archive = self._archives.get(idx)
+        if archive is None or self.archive_folder is None:
+            return table
+        return f"{table} UNION ALL {hour_archive.read_sql(self.archive_folder / archive)}"
 
     # -- maintenance -------------------------------------------------------------------------
     def drop_before(self, cutoff_ms: int) -> list[str]:
-        """Retention: drop whole partitions whose hour ended at or before `cutoff_ms`."""
+        """Retention: drop whole partitions (table and archive file) whose hour ended at or before `cutoff_ms`."""
         dropped = []
         with self._lock:
             old = [i for i in sorted(self._partitions) if (i + 1) * HOUR_MS <= cutoff_ms]
             if not old:
                 return dropped
-            saved = self._partitions
+            saved, saved_archives = self._partitions, self._archives
             self.con.execute("BEGIN TRANSACTION")
             try:
                 for idx in old:
@@ -382,46 +445,90 @@ class Store:
                     self.con.execute("DELETE FROM partitions WHERE idx = ?", [idx])
                     dropped.append(partition_name(idx))
                 self._partitions = {i: s for i, s in saved.items() if i not in old}
+                self._archives = {i: a for i, a in saved_archives.items() if i not in old}
                 self._refresh_view()
                 self.con.execute("DELETE FROM events WHERE ts < ?", [cutoff_ms])
                 _stall("retention:before_commit")
                 self.con.execute("COMMIT")
             except BaseException:
-                self._partitions = saved
+                self._partitions, self._archives = saved, saved_archives
                 self._rollback()
                 raise
+            # files go only once no partition names them; a kill before this leaves them to the next open's sweep
+            _stall("retention:before_unlink")
+            hour_archive.remove(self.archive_folder, [saved_archives[i] for i in old if i in saved_archives])
             self.writes.note(EVERYTHING)
         return dropped
 
     def sort_closed(self, now_ms: int) -> list[str]:
-        """Rewrite partitions whose hour has closed sorted by (series_id, ts): smaller and faster to query."""
+        """Rewrite partitions whose hour has closed sorted by (series_id, ts): a zstd Parquet file beside the
+        store (an in-memory store sorts the table in place). Returns the partitions rewritten."""
         done = []
         with self._lock:
             for idx, is_sorted in sorted(self._partitions.items()):
                 if is_sorted or (idx + 1) * HOUR_MS + CLOSE_GRACE_MS > now_ms:
                     continue
-                name = partition_name(idx)
-                self.con.execute("BEGIN TRANSACTION")
-                try:
-                    self.con.execute(f"CREATE TABLE {name}_sorting AS SELECT * FROM {name} ORDER BY series_id, ts")
-                    _stall("rewrite:sorted_copy")
-                    self.con.execute("DROP VIEW IF EXISTS samples")
-                    self.con.execute(f"DROP TABLE {name}")
-                    self.con.execute(f"ALTER TABLE {name}_sorting RENAME TO {name}")
-                    self.con.execute("UPDATE partitions SET sorted = true WHERE idx = ?", [idx])
-                    self._refresh_view()
-                    _stall("rewrite:before_commit")
-                    self.con.execute("COMMIT")
-                except BaseException:
-                    self._rollback()
-                    raise
+                if self.archive_folder is None:
+                    self._sort_in_place(idx)
+                else:
+                    self._archive(idx)
                 self._partitions[idx] = True
-                done.append(name)
+                done.append(partition_name(idx))
             if done:
-                self.writes.note(EVERYTHING)  # same rows, another order: readers start over
+                self.writes.note(EVERYTHING)  # same rows, another place: readers start over
                 _stall("rewrite:before_checkpoint")
                 self.con.execute("CHECKPOINT")
         return done
+
+    def _archive(self, idx: int) -> None:
+        """Hour `idx` (its table plus any earlier archive) to a new sorted Parquet file; its table emptied."""
+        assert self.archive_folder is not None
+        name = partition_name(idx)
+        previous = self._archives.get(idx)
+        rows = [f"SELECT ts, series_id, value FROM {name}"]
+        if previous is not None:
+            rows.append(hour_archive.read_sql(self.archive_folder / previous))
+        fresh = hour_archive.new_name(idx)
+        # DuckDB sorts within its memory limit, spilling to disk, and streams the file out
+        hour_archive.write(self.con, f"SELECT * FROM ({' UNION ALL '.join(rows)}) ORDER BY series_id, ts",
+                           self.archive_folder, fresh)
+        _stall("rewrite:sorted_copy")
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("DROP VIEW IF EXISTS samples")
+            self.con.execute(f"DROP TABLE {name}")  # dropped, not deleted from: its blocks are freed at checkpoint
+            self.con.execute(f"CREATE TABLE {name} {PARTITION_COLUMNS}")
+            self.con.execute("UPDATE partitions SET sorted = true, archive = ? WHERE idx = ?", [fresh, idx])
+            self._archives[idx] = fresh
+            self._refresh_view()
+            _stall("rewrite:before_commit")
+            self.con.execute("COMMIT")
+        except BaseException:
+            if previous is None:
+                self._archives.pop(idx, None)
+            else:
+                self._archives[idx] = previous
+            self._rollback()
+            hour_archive.remove(self.archive_folder, [fresh])
+            raise
+        if previous is not None:
+            hour_archive.remove(self.archive_folder, [previous])
+
+    def _sort_in_place(self, idx: int) -> None:
+        """An in-memory store's closed hour, rewritten as a table sorted by (series_id, ts)."""
+        name = partition_name(idx)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute(f"CREATE TABLE {name}_sorting AS SELECT * FROM {name} ORDER BY series_id, ts")
+            self.con.execute("DROP VIEW IF EXISTS samples")
+            self.con.execute(f"DROP TABLE {name}")
+            self.con.execute(f"ALTER TABLE {name}_sorting RENAME TO {name}")
+            self.con.execute("UPDATE partitions SET sorted = true WHERE idx = ?", [idx])
+            self._refresh_view()
+            self.con.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
 
     # -- reading -----------------------------------------------------------------------------
     @property
@@ -438,7 +545,7 @@ class Store:
         idx = [i for i in sorted(self._partitions) if (i + 1) * HOUR_MS > start_ms and i * HOUR_MS <= end_ms]
         if not idx:
             return f"({_EMPTY_SAMPLES})"
-        return "(" + " UNION ALL ".join(f"SELECT * FROM {partition_name(i)}" for i in idx) + ")"
+        return "(" + " UNION ALL ".join(self._partition_sql(i) for i in idx) + ")"
 
     def time_range(self) -> tuple[int, int] | None:
         """Oldest and newest sample time in the store, or None when empty."""
@@ -449,6 +556,13 @@ class Store:
 
 
 _EMPTY_SAMPLES = "SELECT NULL::BIGINT AS ts, NULL::UINTEGER AS series_id, NULL::DOUBLE AS value WHERE false"
+
+
+def _memory_setting(limit: str) -> str:
+    """A DuckDB memory size such as 256MB or 1GiB; anything else is refused (it is put into SQL)."""
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|KiB|MiB|GiB)", limit.strip(), re.IGNORECASE):
+        raise StoreError(f"store memory limit {limit!r} (--store-memory) is not a size such as 256MB or 1GiB")
+    return limit.strip()
 
 
 def _series_table(rows: list[tuple[int, str, str, dict[str, str], str, str]]) -> pa.Table:

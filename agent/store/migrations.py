@@ -75,6 +75,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         CAPTURES_TABLE,
         "CREATE INDEX captures_incident ON captures (incident_id)",
     ]),
+    (5, "closed hours archived as sorted Parquet files beside the store (agent/store/hour_archive.py)", [
+        # the file's name inside <store>.hours/; NULL while the hour lives only in its table
+        "ALTER TABLE partitions ADD COLUMN archive VARCHAR",
+    ]),
 ]
 
 

@@ -56,9 +56,11 @@ class Refusals:
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[int, str], Rejected] = {}
+        self.total = 0
 
     def add(self, batch: int, instance: str, reason: str, example: str) -> None:
         """Count one refused sample; the first of each batch and reason is kept as the example."""
+        self.total += 1
         r = self.by_key.get((batch, reason))
         if r is None:
             self.by_key[(batch, reason)] = Rejected(batch, instance, reason, 1, example)

@@ -27,9 +27,11 @@ placement) than a scrape needs, so the samples are compared on the text format o
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families as text_reference
@@ -146,3 +148,47 @@ def test_ingest_stores_or_names_bad_lines_never_a_traceback(tmp_path) -> None:
             if result.skipped:
                 assert result.skipped_message().startswith(f"skipped {result.skipped} malformed line(s), first line ")
     assert stored > 0 and skipped > 0  # both paths ran
+
+
+def comparable(p: exposition.Parsed) -> exposition.Parsed:
+    """Errors compare by identity and NaN != NaN: compare their text instead."""
+    return replace(p, errors=[str(e) for e in p.errors], values=[repr(v) for v in p.values])
+
+
+def test_a_body_read_by_the_last_scrapes_shape_parses_exactly_as_a_whole_parse() -> None:
+    """The daemon reads a body of a known shape by its values alone; any mutation must give the whole parse's
+    answer, errors included, whether the shape fits or not."""
+    from tests.collectors.hostile import SEEDS
+
+    # seeds with timestamps, exemplars or bad lines have no shape: a parse of them is always whole
+    shapes = {p.name: parse(p.read_text(), strict=False, keep_shape=True).shape for p in SEEDS}
+    assert shapes["vllm-0.32.0-dp2-rendered.prom.txt"] is not None
+    replayed = 0
+    for name, text in payloads(SEED, COUNT):
+        shape = shapes[name.split(":")[0]]
+        if shape is None:
+            continue
+        whole = parse(text, strict=False)
+        by_shape = parse(text, strict=False, shape=shape)
+        assert comparable(by_shape) == comparable(whole), name
+        replayed += by_shape.shape is shape
+        try:
+            parse(text)
+        except ParseError as e:
+            with pytest.raises(ParseError, match=re.escape(str(e))):
+                parse(text, shape=shape)
+    # value-only mutations fit the shape: those took the replay
+    assert replayed > 0
+    for p in SEEDS:
+        if shapes[p.name] is None:
+            continue
+        text = p.read_text()
+        bumped = re.sub(r" (\d+)(\.\d+)?$", lambda m: f" {int(m.group(1)) + 7}{m.group(2) or ''}", text, flags=re.M)
+        retyped = re.sub(r"^(# TYPE \S+) counter$", r"\1 gauge", bumped, count=1, flags=re.M)  # same head
+        assert retyped != bumped and bumped.endswith("\n")
+        garbage_last = bumped + "garbage"  # the blank last line, now a word with no blank: same head ''
+        odd = (bumped.replace(" 7\n", " 7_0\n", 1), bumped.replace(" 7\n", " x\n", 1), retyped, garbage_last)
+        for body in (text, bumped, *odd):
+            by_shape = parse(body, strict=False, shape=shapes[p.name])
+            assert comparable(by_shape) == comparable(parse(body, strict=False)), p.name
+            assert (by_shape.shape is shapes[p.name]) == (body in (text, bumped)), p.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -257,6 +258,30 @@ def test_series_that_disappear_get_one_stale_marker(server: tuple[str, Behaviour
     assert stale == [("vllm:kv_cache_usage_perc", 'engine="0",model_name="tiny-llama"')]
     third = collector.collect(3_000)
     assert None not in third.values
+
+
+def test_bodies_of_the_same_shape_give_what_a_fresh_collector_gives(server: tuple[str, Behaviour]) -> None:
+    """The collector reads a body shaped as the last one by its values alone; every scrape must still be
+    exactly what a collector seeing that body for the first time returns, stale markers aside."""
+    url, behaviour = server
+    collector = VllmCollector(url, labels={"zone": "a"})
+    lines = ONE_REQUEST.decode().splitlines(keepends=True)
+    gone = 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"}'
+    bumped = "".join(re.sub(r" (\d+)\.0$", lambda m: f" {int(m.group(1)) + 3}.0", line) for line in lines)
+    without = "".join(line for line in bumped.splitlines(keepends=True) if not line.startswith(gone))
+    bodies = [ONE_REQUEST.decode(), bumped, bumped, without, without, bumped, ONE_REQUEST.decode()]
+    for i, body in enumerate(bodies):
+        behaviour.body = body.encode()
+        got = collector.collect(1_000 * (i + 1))
+        fresh = VllmCollector(url, labels={"zone": "a"}).collect(1_000 * (i + 1))
+        kept = [(m, lab, v) for m, lab, v in zip(got.metrics, got.labels, got.values) if m not in META]
+        want = [(m, lab, v) for m, lab, v in zip(fresh.metrics, fresh.labels, fresh.values) if m not in META]
+        markers = [(m, lab, v) for m, lab, v in kept if v is None]
+        assert [k for k in kept if k[2] is not None] == want, i
+        assert got.sources == fresh.sources and set(got.timestamps_ms) == set(fresh.timestamps_ms) == {None}
+        # one marker when the series goes (scrape 3), none while it stays gone or is back
+        assert markers == ([("vllm:kv_cache_usage_perc", 'engine="0",model_name="tiny-llama",zone="a"', None)]
+                           if i == 3 else []), i
 
 
 # --- configuration ------------------------------------------------------------------------

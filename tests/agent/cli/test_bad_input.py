@@ -145,6 +145,8 @@ CASES = [
     ("run-bad-rules", ["run", "-t", "http://127.0.0.1:9", "--rules", "{d}/bad.yaml"], "bad.yaml"),
     ("run-bad-alertmanager", ["run", "-t", "http://127.0.0.1:9", "--alertmanager", "ftp://x"], "ftp://x"),
     ("run-zero-max-bytes", ["run", "-t", "http://127.0.0.1:9", "--scrape-max-bytes", "0"], "--scrape-max-bytes"),
+    ("run-bad-store-memory", ["run", "-t", "http://127.0.0.1:9", "--db", "{d}/sm.duckdb", "--metrics-port", "0",
+                              "--store-memory", "lots"], "--store-memory"),
     ("run-db-is-directory", ["run", "-t", "http://127.0.0.1:9", "--db", "{d}/adir", "--metrics-port", "0"], "adir"),
     # compare
     ("compare-bad-window", ["compare", "--before", "soon..2h", "--after", "1h..now"], "soon"),

@@ -211,7 +211,12 @@ def test_the_daemon_sends_a_firing_incident_and_its_resolution_to_a_real_alertma
         wait_for(lambda: not alerts_in(alertmanager), "the alert to resolve")
         status = client.call(socket_path_for(db), "/v1/status")["alertmanager"][alertmanager + "/api/v2/alerts"]
         assert status["sent"] >= 2 and status["failed"] == 0, status
-        shown = " ".join(cli("status", "--db", str(db)).stdout.split())  # rich wraps at 80 columns
+        def status_with_report() -> str | None:
+            # the report is written by a worker thread; on a loaded host it may come a moment after the alert
+            text = " ".join(cli("status", "--db", str(db)).stdout.split())  # rich wraps at 80 columns
+            return text if "report: " in text else None
+
+        shown = wait_for(status_with_report, "the incident's report in status")
         assert f"alertmanager {alertmanager}/api/v2/alerts: " in shown and " 0 failed, 0 dropped" in shown, shown
         assert shown.count("report: ") == 1, shown  # written when it fired, rewritten when it resolved
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from vllm_sentinel.agent.store.db import HOUR_MS, SchemaMissing, Store, StoreCorrupt, StoreLocked
+from vllm_sentinel.agent.store.db import HOUR_MS, SchemaMissing, Store, StoreCorrupt, StoreError, StoreLocked
 from vllm_sentinel.collectors.base import Batch, Event
 
 T0 = 1_795_000_000_000 - (1_795_000_000_000 % HOUR_MS)  # an hour boundary
@@ -86,17 +86,89 @@ def test_events_are_stored_and_dropped_with_retention(tmp_path):
         assert s.con.execute("SELECT count(*) FROM events").fetchone()[0] == 0
 
 
-def test_closed_partitions_are_sorted_by_series_then_time(tmp_path):
+def hour_rows(s: Store, idx: int) -> list[tuple]:
+    """(series_id, ts, value) of one hour in the order the store hands them out, table and archive both."""
+    return s.con.execute(f"SELECT series_id, ts, value FROM {s.samples_sql(idx * HOUR_MS, (idx + 1) * HOUR_MS - 1)}"
+                         ).fetchall()
+
+
+def archive_of(s: Store, idx: int):
+    name = s.con.execute("SELECT archive FROM partitions WHERE idx = ?", [idx]).fetchone()[0]
+    return None if name is None else s.archive_folder / name
+
+
+def test_closed_hours_go_to_a_sorted_parquet_file_and_late_samples_are_merged_in(tmp_path):
+    idx = T0 // HOUR_MS
     with Store.open(tmp_path / "s.duckdb") as s:
         for i in range(50):
             s.append(batch(T0 + i * 1000, value=float(i)))
+        before = sorted(hour_rows(s, idx))
         assert s.sort_closed(T0 + 10_000) == []  # the hour is still open
-        assert s.sort_closed(T0 + HOUR_MS + 10 * 60_000) == [f"samples_{T0 // HOUR_MS}"]
-        rows = s.con.execute(f"SELECT series_id, ts FROM samples_{T0 // HOUR_MS}").fetchall()
-        assert rows == sorted(rows)
-        assert s.partitions() == [(T0 // HOUR_MS, True)]
-        s.append(batch(T0 + 999_000))  # a late sample reopens it for sorting
-        assert s.partitions() == [(T0 // HOUR_MS, False)]
+        assert s.sort_closed(T0 + HOUR_MS + 10 * 60_000) == [f"samples_{idx}"]
+        assert s.partitions() == [(idx, True)]
+        first = archive_of(s, idx)
+        assert first.parent == tmp_path / "s.duckdb.hours" and first.is_file()
+        assert s.con.execute(f"SELECT count(*) FROM samples_{idx}").fetchone()[0] == 0  # the table gave it all up
+        in_file = s.con.execute(f"SELECT series_id, ts, value FROM read_parquet('{first}')").fetchall()
+        assert in_file == before  # every sample, sorted by (series_id, ts)
+
+        s.append(batch(T0 + 999_000, value=7.0))  # a late sample reopens the hour
+        assert s.partitions() == [(idx, False)]
+        assert len(hour_rows(s, idx)) == 102 and set(before) < set(hour_rows(s, idx))
+        assert s.sort_closed(T0 + HOUR_MS + 20 * 60_000) == [f"samples_{idx}"]
+        second = archive_of(s, idx)
+        assert second != first and not first.exists()  # merged into a new file, the old one removed
+        merged = s.con.execute(f"SELECT series_id, ts, value FROM read_parquet('{second}')").fetchall()
+        assert len(merged) == 102 and merged == sorted(merged)
+    with Store.open(tmp_path / "s.duckdb", read_only=True) as r:  # a reader without the daemon reads the archive
+        assert r.con.execute("SELECT count(*) FROM samples").fetchone()[0] == 102
+        assert r.time_range() == (T0, T0 + 999_000)
+
+
+def test_an_in_memory_store_sorts_its_closed_hours_in_place():
+    idx = T0 // HOUR_MS
+    with Store.open(":memory:") as s:
+        for i in range(20):
+            s.append(batch(T0 + (20 - i) * 1000, value=float(i)))
+        assert s.sort_closed(T0 + 2 * HOUR_MS) == [f"samples_{idx}"]
+        rows = s.con.execute(f"SELECT series_id, ts FROM samples_{idx}").fetchall()
+        assert len(rows) == 40 and rows == sorted(rows)
+        assert s.archive_folder is None
+
+
+def test_a_missing_archive_file_is_named_and_the_other_hours_still_read(tmp_path, caplog):
+    path = tmp_path / "s.duckdb"
+    with Store.open(path) as s:
+        s.append(batch(T0))
+        s.append(batch(T0 + HOUR_MS))
+        s.sort_closed(T0 + 3 * HOUR_MS)
+        lost = archive_of(s, T0 // HOUR_MS)
+    lost.unlink()
+    with Store.open(path, read_only=True) as r:
+        assert r.missing_archives == [lost.name]
+        assert r.con.execute(f"SELECT min(ts), count(*) FROM {r.samples_sql(T0, T0 + 2 * HOUR_MS)}").fetchone() == (
+            T0 + HOUR_MS, 2)
+    with Store.open(path) as w:  # a read-write open also mends the ad-hoc view
+        assert w.missing_archives == [lost.name]
+        assert w.con.execute("SELECT min(ts), count(*) FROM samples").fetchone() == (T0 + HOUR_MS, 2)
+    assert f"the archive file {lost.name} of hour {T0 // HOUR_MS} is missing" in caplog.text
+    assert "Restore it into" in caplog.text
+
+
+def test_a_store_path_with_a_quote_archives_and_reads(tmp_path):
+    path = tmp_path / "it's here" / "s.duckdb"
+    with Store.open(path) as s:
+        s.append(batch(T0))
+        assert s.sort_closed(T0 + 2 * HOUR_MS) == [f"samples_{T0 // HOUR_MS}"]
+        assert s.con.execute("SELECT count(*) FROM samples").fetchone()[0] == 2
+
+
+def test_a_memory_limit_that_is_not_a_size_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(StoreError, match="not a size such as 256MB"):
+        Store.open(tmp_path / "s.duckdb", memory_limit="1GB'; DROP TABLE series; --")
+    assert not (tmp_path / "s.duckdb").exists()
+    with Store.open(tmp_path / "s.duckdb", memory_limit="300MB") as s:
+        assert s.con.execute("SELECT current_setting('memory_limit')").fetchone()[0] in ("286.1 MiB", "300.0 MB")
 
 
 def test_second_writer_gets_a_clear_lock_error(tmp_path):
