@@ -242,6 +242,15 @@ def summarize(rows: list[dict], daemon: subprocess.Popen, tmp: Path) -> None:
     print(f"  samples stored {rows[-1].get('samples', 0):.0f}, incidents active at the end "
           f"{rows[-1].get('incidents', 0):.0f}, reports written {len(reports)}, "
           f"deferred work {rows[-1].get('deferred', 0):.0f}", flush=True)
+    archived = sorted((tmp / "soak.duckdb.hours").glob("*.parquet"))
+    if archived:  # the closed hours the daemon archived while the soak ran
+        import duckdb
+
+        files = ", ".join("'" + str(f).replace("'", "''") + "'" for f in archived)
+        rows_in = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet([{files}])").fetchone()[0]
+        size = sum(f.stat().st_size for f in archived)
+        print(f"  closed hours archived: {len(archived)} file(s), {rows_in:,} samples, {size / 2**20:.1f} MiB, "
+              f"{size / max(rows_in, 1):.2f} B/sample", flush=True)
 
 
 def main() -> None:
