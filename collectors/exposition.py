@@ -252,11 +252,20 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
         # `head` ('name{labels}') repeats every scrape, so its split and validation are cached.
         head, _, last = line.rpartition(" ")
         known = heads.get(head)
+        stamp = None
+        if known is None and " " in head and not (openmetrics and "#" in line):
+            # 'name{labels} value timestamp' (a dump) whose name{labels} is known: the value and time are new
+            before, _, token = head.rpartition(" ")
+            known = heads.get(before)
+            if known is not None:
+                try:
+                    stamp = _timestamp_ms(last, openmetrics)
+                    last = token
+                except ValueError:
+                    known, stamp = None, None  # the slow path names what is wrong
         if known is not None:
             name, label_text = known
-            stamp = None
         else:
-            stamp = None
             if head and head[-1] == "}" and not (openmetrics and "#" in line):
                 brace = head.find("{")
                 name = head[:brace]
@@ -272,7 +281,9 @@ def parse(text: str, *, openmetrics: bool | None = None, strict: bool = True,
                 if parsed is None:
                     continue
                 name, label_text, last, stamp = parsed
-                cacheable = False
+                # a plain 'name{labels} value timestamp' line: its name{labels} is cached as an untimed line's
+                head = line.rpartition(" ")[0].rpartition(" ")[0]
+                cacheable = stamp is not None and head == (f"{name}{{{label_text}}}" if label_text else name)
             if _METRIC_NAME.fullmatch(name) is None:
                 _fail(out, strict, index, line, f"invalid metric name {name!r}")
                 continue

@@ -192,3 +192,45 @@ def test_a_body_read_by_the_last_scrapes_shape_parses_exactly_as_a_whole_parse()
             by_shape = parse(body, strict=False, shape=shapes[p.name])
             assert comparable(by_shape) == comparable(parse(body, strict=False)), p.name
             assert (by_shape.shape is shapes[p.name]) == (body in (text, bumped)), p.name
+
+
+def _timed(text: str, ts: str) -> str:
+    """Each sample line of a capture with a timestamp appended, as in a dump."""
+    return "\n".join(line if not line or line.startswith("#") else f"{line} {ts}" for line in text.split("\n"))
+
+
+def test_known_series_heads_give_the_same_answer_as_a_first_sight() -> None:
+    """Dump lines ('name{labels} value timestamp') whose name{labels} was seen before skip the label checks;
+    on every mutated payload, with and without timestamps, that must change nothing."""
+    from tests.collectors.hostile import SEEDS
+
+    timed = [(p.name, _timed(p.read_text(), "1795996400000")) for p in SEEDS if "openmetrics" not in p.name]
+    timed += [(p.name, _timed(p.read_text().replace("\n# EOF", ""), "1795996400.123") + "\n# EOF\n")
+              for p in SEEDS if "openmetrics" in p.name]
+    import random
+
+    rng = random.Random(SEED)
+    from tests.collectors.hostile import MUTATIONS
+
+    bodies = [b for _, b in timed] + [text for _, text in payloads(SEED, COUNT // 4)]
+    for body in list(bodies[:len(timed)]):
+        for _ in range(60):
+            bodies.append(rng.choice(MUTATIONS)(rng, body))
+    for body in bodies:
+        exposition._valid_heads.clear()
+        first = parse(body, strict=False)
+        again = parse(body, strict=False)  # every head of the first parse is known now
+        assert comparable(again) == comparable(first)
+        exposition._valid_heads.clear()
+        try:
+            parse(body)
+        except ParseError as e:
+            parse(body, strict=False)
+            with pytest.raises(ParseError, match=re.escape(str(e))):
+                parse(body)
+    # the timed path was taken: after one parse, a second one finds every head of a plain dump known
+    exposition._valid_heads.clear()
+    body = timed[0][1]
+    parse(body)
+    assert all(line.rpartition(" ")[0].rpartition(" ")[0] in exposition._valid_heads
+               for line in body.split("\n") if line and not line.startswith("#") and "_created" not in line)
