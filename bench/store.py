@@ -47,8 +47,13 @@ def advancing_payloads(text: str, ticks: int, seed: int = 1) -> list[str]:
     return out
 
 
-def tick_batches(payload: str, ts: int, targets: int) -> list[Batch]:
-    parsed = parse(payload, strict=False)
+def tick_batches(payload: str, ts: int, targets: int, shapes: dict | None = None) -> list[Batch]:
+    """One tick's batches; with `shapes` (a dict kept across ticks) each body is read as the collector reads it,
+    by the shape of the last one."""
+    parsed = parse(payload, strict=False, shape=None if shapes is None else shapes.get("last"),
+                   keep_shape=shapes is not None)
+    if shapes is not None:
+        shapes["last"] = parsed.shape
     names, renames = resolve(parsed.names)
     batches = []
     for t in range(targets):
@@ -95,13 +100,14 @@ def main() -> None:
         t0 = (1_795_000_000_000 // HOUR_MS) * HOUR_MS
         ticks = a.minutes * 60
         cpu_ticks, wall_ticks, samples = [], [], 0
+        shapes: list[dict] = [{} for _ in range(a.targets)]  # per target, as each collector keeps its own
         for tick in range(ticks):
             payload = distinct[tick % len(distinct)]
             c0, w0 = time.process_time(), time.perf_counter()
             # one real tick: parse each target's payload, then one transaction for all of them
             batches = []
             for t in range(a.targets):
-                batches.extend(tick_batches(payload, t0 + tick * 1000, 1))
+                batches.extend(tick_batches(payload, t0 + tick * 1000, 1, shapes[t]))
                 batches[-1].instance = f"10.0.0.{t}:8000"
             samples += store.append_many(batches)
             cpu_ticks.append(time.process_time() - c0)
