@@ -19,16 +19,15 @@ Series (names carry the sidecar's prefix because vLLM's own /metrics already exp
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
-import sys
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .argv import parse_vllm_argv
 from .base import Batch, CollectorStatus, Event
+from .host_sockets import HostSockets, TcpTable, all_pids, socket_holders
 
 ROLE_API_SERVER = "api_server"
 ROLE_ENGINE_CORE = "engine_core"
@@ -36,8 +35,6 @@ ROLE_WORKER = "worker"
 ROLE_DP_COORDINATOR = "dp_coordinator"
 ROLE_OTHER = "other"
 
-_TCP_LISTEN = "0A"
-_TCP_ESTABLISHED = "01"
 _STOPPED_STATES = ("T", "t")  # stopped by a signal (SIGSTOP, SIGTSTP), or by a tracer
 # `PREFIX::Name[_suffix]`; comm is cut at 15 characters ("VLLM::EngineCor"), so match prefixes of names
 _TITLE = re.compile(r"^[A-Za-z0-9_.-]*::(?P<name>[A-Za-z]+)")
@@ -95,45 +92,14 @@ def role_from_title(title: str) -> str | None:
 
 def listening_inodes(port: int, proc_root: str | Path = "/proc") -> set[int]:
     """Socket inodes listening on TCP `port` (any address, IPv4 or IPv6) in this network namespace."""
-    inodes: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            text = (Path(proc_root) / "net" / name).read_text()
-        except OSError:
-            continue
-        for line in text.splitlines()[1:]:
-            cols = line.split()
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            if len(cols) < 10 or cols[3] != _TCP_LISTEN:
-                continue
-            local_port = int(cols[1].rsplit(":", 1)[1], 16)
-            if local_port == port and cols[9] != "0":
-                inodes.add(int(cols[9]))
-    return inodes
+    return set(TcpTable.read(proc_root).listening.get(port, ()))
 
 
-def pids_holding(inodes: set[int], proc_root: str | Path = "/proc") -> tuple[list[int], int]:
+def pids_holding(inodes: set[int], proc_root: str | Path = "/proc",
+                 sockets: HostSockets | None = None) -> tuple[list[int], int]:
     """Pids with an open fd on one of the socket inodes, and how many /proc/PID/fd dirs were unreadable."""
-    wanted = {f"socket:[{i}]" for i in inodes}
-    holders: list[int] = []
-    unreadable = 0
-    for pid in _all_pids(proc_root):
-        fd_dir = Path(proc_root) / str(pid) / "fd"
-        try:
-            names = os.listdir(fd_dir)
-        except PermissionError:
-            unreadable += 1
-            continue
-        except OSError:
-            continue  # exited meanwhile
-        for fd in names:
-            try:
-                if os.readlink(fd_dir / fd) in wanted:
-                    holders.append(pid)
-                    break
-            except OSError:
-                continue
-    return sorted(holders), unreadable
+    found, unreadable = sockets.holders() if sockets is not None else socket_holders(proc_root)
+    return sorted({pid for inode in inodes for pid in found.get(inode, ())}), unreadable
 
 
 def read_title(pid: int, proc_root: str | Path = "/proc") -> tuple[str, list[str]]:
@@ -161,27 +127,29 @@ def read_title(pid: int, proc_root: str | Path = "/proc") -> tuple[str, list[str
 def parent_map(proc_root: str | Path = "/proc") -> dict[int, int]:
     """pid -> ppid for every live process under proc_root (zombies are dead: left out)."""
     parents: dict[int, int] = {}
-    for pid in _all_pids(proc_root):
+    for pid in all_pids(proc_root):
         fields = _stat_fields(pid, proc_root)
         if fields is not None and fields[0] not in ("Z", "X"):
             parents[pid] = int(fields[1])
     return parents
 
 
-def discover(target: str, proc_root: str | Path = "/proc") -> list[VllmProcess]:
+def discover(target: str, proc_root: str | Path = "/proc", sockets: HostSockets | None = None) -> list[VllmProcess]:
     """The vLLM processes serving `target` (URL or host:port), API servers first; raise ProcessDiscoveryError.
 
     The processes holding the listening socket whose parent does not hold it are the roots (the API
     server; with --api-server-count > 1 the launcher); their descendants with a vLLM title are the
-    engine cores, workers, API-server replicas and the DP coordinator.
+    engine cores, workers, API-server replicas and the DP coordinator. `sockets`, when given, is the
+    host's socket tables shared with other targets' collectors (read at most once per moment).
     """
     port = target_port(target)
-    inodes = listening_inodes(port, proc_root)
+    table = sockets.tcp()[0] if sockets is not None else TcpTable.read(proc_root)
+    inodes = set(table.listening.get(port, ()))
     if not inodes:
         raise ProcessDiscoveryError(
             f"nothing listens on TCP port {port} in this network namespace ({proc_root}/net/tcp, tcp6): "
             "run the sidecar beside vLLM (same host, or the same Kubernetes pod) and check --target")
-    holders, unreadable = pids_holding(inodes, proc_root)
+    holders, unreadable = pids_holding(inodes, proc_root, sockets)
     if not holders:
         hint = (f" ({unreadable} processes' fd tables were unreadable: run the sidecar as root or as "
                 "vLLM's user)") if unreadable else ""
@@ -240,67 +208,12 @@ def read_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
     return fields[0] if fields else None
 
 
-def socket_inodes(pid: int, proc_root: str | Path = "/proc") -> set[int]:
-    """Inodes of the sockets process `pid` holds open ('socket:[123]' links in /proc/PID/fd); empty if unreadable."""
-    fd_dir = Path(proc_root) / str(pid) / "fd"
-    out: set[int] = set()
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return out
-    for fd in names:
-        try:
-            link = os.readlink(fd_dir / fd)
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
-    return out
-
-
 def client_connections(port: int, exclude_inodes: set[int] = frozenset(), proc_root: str | Path = "/proc") -> int:
-    """Established TCP connections to local `port` whose client end is not one of `exclude_inodes`.
+    """Established TCP connections to local `port` whose client end is not one of `exclude_inodes` (TcpTable.clients).
 
-    A row of /proc/net/tcp{,6} in state 01 with local port `port` is the server's end of one client
-    connection. When the client runs on this host its own end is a row too, with the addresses
-    swapped; where that row's inode is one of `exclude_inodes` (the sidecar's sockets) the
-    connection is the sidecar's own scrape and is not counted. IPv4-mapped IPv6 addresses are
-    compared as IPv4, since a dual-stack server sees an IPv4 client as ::ffff:a.b.c.d.
     (server rows 127.0.0.1:8000<-127.0.0.1:50000 and <-:50001, the sidecar holding :50001) -> 1.
     """
-    rows = [r for name in ("tcp", "tcp6") for r in _tcp_rows(Path(proc_root) / "net" / name)]
-    own_ends = {(local, remote) for local, remote, state, inode in rows if inode in exclude_inodes}
-    return sum(1 for local, remote, state, _inode in rows
-               if state == _TCP_ESTABLISHED and local[1] == port and (remote, local) not in own_ends)
-
-
-def _tcp_rows(path: Path) -> list[tuple[tuple[str, int], tuple[str, int], str, int]]:
-    """(local, remote, state, inode) of each row of a /proc/net/tcp or tcp6 table; [] if unreadable."""
-    try:
-        lines = path.read_text().splitlines()[1:]
-    except OSError:
-        return []
-    rows = []
-    for line in lines:
-        cols = line.split()
-        if len(cols) < 10:
-            continue
-        try:
-            rows.append((_endpoint(cols[1]), _endpoint(cols[2]), cols[3], int(cols[9])))
-        except ValueError:
-            continue
-    return rows
-
-
-def _endpoint(text: str) -> tuple[str, int]:
-    """'0100007F:1F40' -> ('127.0.0.1', 8000); the kernel prints each 32-bit word of the address in host order."""
-    addr_hex, port_hex = text.rsplit(":", 1)
-    raw = bytes.fromhex(addr_hex)
-    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
-    ip = ipaddress.ip_address(packed)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip), int(port_hex, 16)
+    return TcpTable.read(proc_root).clients(port, exclude_inodes)
 
 
 REDISCOVER_S = 30.0  # a full /proc scan at least this often, for children that appeared meanwhile
@@ -317,8 +230,10 @@ class ProcessCollector:
     name = "process"
 
     def __init__(self, target: str, instance: str | None = None, proc_root: str | Path = "/proc",
-                 rediscover_s: float = REDISCOVER_S) -> None:
+                 rediscover_s: float = REDISCOVER_S, sockets: HostSockets | None = None) -> None:
         self.target = target
+        # the host's socket tables, shared by every target's collector (each reads its own when not given)
+        self.sockets = sockets if sockets is not None else HostSockets(proc_root, max_age_s=0.0)
         self.instance = instance or instance_of(target)
         self.proc_root = proc_root
         self.rediscover_ms = int(rediscover_s * 1000)
@@ -332,7 +247,7 @@ class ProcessCollector:
                 and all(self._start_of(pid) == start for pid, start in self._starts.items()):
             return self.processes
         self._discovered_ms = None
-        found = discover(self.target, self.proc_root)
+        found = discover(self.target, self.proc_root, self.sockets)
         self._starts = {p.pid: self._start_of(p.pid) for p in found}
         # one that exited meanwhile: not kept, so the next run looks again
         self._discovered_ms = now_ms if None not in self._starts.values() else None
@@ -368,9 +283,9 @@ class ProcessCollector:
             if state is not None:
                 batch.add("vllm_sentinel_process_stopped", labels, 1.0 if state in _STOPPED_STATES else 0.0)
         if found:
-            own = socket_inodes(os.getpid(), self.proc_root)
+            table, own = self.sockets.tcp()
             batch.add("vllm_sentinel_server_client_connections", {},
-                      float(client_connections(target_port(self.target), own, self.proc_root)))
+                      float(table.clients(target_port(self.target), own)))
         roles = sorted({p.role for p in found})
         batch.status = CollectorStatus(self.name, ok=True, detail={
             "processes": len(found), "roles": roles, "pids": [p.pid for p in found]})
@@ -399,14 +314,6 @@ def instance_of(target: str) -> str:
     """host:port of a target URL, as Prometheus' `instance` label."""
     parsed = urllib.parse.urlsplit(target if "://" in target else f"http://{target}")
     return f"{parsed.hostname}:{target_port(target)}"
-
-
-def _all_pids(proc_root: str | Path) -> list[int]:
-    """Numeric entries of proc_root."""
-    try:
-        return sorted(int(n) for n in os.listdir(proc_root) if n.isdigit())
-    except OSError:
-        return []
 
 
 def _stat_fields(pid: int, proc_root: str | Path) -> list[str] | None:

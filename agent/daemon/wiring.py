@@ -27,6 +27,7 @@ from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import DEFAULT_MEMORY_LIMIT, Store
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.nvml import NvmlCollector
+from vllm_sentinel.collectors.host_sockets import HostSockets
 from vllm_sentinel.collectors.process import ProcessCollector
 from vllm_sentinel.collectors.vllm import VllmCollector, default_instance, normalize_target
 
@@ -174,11 +175,15 @@ def _request_rules(rules: list[Path] | None, overrides: ParamOverrides | None) -
 
 def _target_starter(options: DaemonOptions, processes: dict[str, ProcessCollector]):
     """How one target's collectors are built: its /metrics scrape, and its processes on this host."""
+    # every target's process collector runs at about the same moment: they share one read of the host's
+    # socket tables (on a busy host /proc/net/tcp has thousands of rows) and of who holds which socket
+    sockets = HostSockets(max_age_s=1.0)
+
     def start_target(spec: TargetSpec) -> list:
         vllm = VllmCollector(spec.url, instance=spec.instance, timeout_s=options.scrape_timeout_s,
                              max_bytes=options.scrape_max_bytes, labels=spec.label_dict)
         vllm.name = f"vllm {vllm.instance}"  # one scheduler job and one status line per target
-        process = ProcessCollector(spec.url, instance=spec.instance)
+        process = ProcessCollector(spec.url, instance=spec.instance, sockets=sockets)
         process.name = f"process {process.instance}"
         process.interval_s = PROCESS_INTERVAL_S
         processes[spec.instance] = process

@@ -24,9 +24,9 @@ from vllm_sentinel.collectors.process import (
     read_state,
     read_usage,
     role_from_title,
-    socket_inodes,
     target_port,
 )
+from vllm_sentinel.collectors.host_sockets import HostSockets, TcpTable, socket_inodes
 
 # A stand-in for `vllm serve`: the parent listens (like the API server) and spawns an
 # "EngineCore" that spawns a "Worker"; titles are set with setproctitle exactly as vLLM does.
