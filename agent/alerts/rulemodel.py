@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 
 
 class RuleFileError(ValueError):
@@ -109,3 +111,19 @@ class RuleFile:
     def rules(self) -> list[Rule]:
         """Every rule of every group, in file order."""
         return [r for g in self.groups for r in g.rules]
+
+
+_NOT_BEHAVIOUR = ("file", "line", "description", "references")  # where a rule is written, and prose about it
+
+
+def fingerprint(groups: list[RuleGroup]) -> str:
+    """A short hash of what the groups evaluate and record (names, expressions, for, labels, annotations,
+    evidence, fixes), not of where they are written: two loads of the same pack agree, an edit differs."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in _NOT_BEHAVIOUR}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    text = json.dumps([strip(asdict(g)) for g in groups], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

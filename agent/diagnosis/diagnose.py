@@ -41,18 +41,27 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
     replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
     if links is None:
         links = getattr(evaluate_window, "links", None)
-    incidents = link_episodes(merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed), links)
+    live = stored_incidents(store, start_ms, end_ms, instance)
+    for inc in live:
+        inc["found_by"] = "live"  # recorded by the daemon as it evaluated
+    for inc in replayed:
+        inc["found_by"] = "replay"  # found now, by evaluating the rules over the stored samples
+    incidents = link_episodes(merge_incidents(live, replayed), links)
     for inc in incidents:
         profile = profile_of(store, inc["id"])
         if profile:
             inc["profile"] = profile
-    return {
+    doc = {
         "window": {"start": iso_seconds(start_ms), "end": iso_seconds(end_ms)},
         "source": source or f"duckdb:{store.path}",
         "instances": seen,
         "incidents": incidents,
         "summary": [s.as_dict() for s in health_summary(store, start_ms, end_ms, instance)],
     }
+    plan = getattr(evaluate_window, "plan", None)
+    if plan is not None:  # which stretches the daemon's live records answer, and which were replayed
+        doc["evaluation"] = plan(store, start_ms, end_ms).as_dict()
+    return doc
 
 
 def merge_incidents(live: list[dict], replayed: list[dict]) -> list[dict]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_sentinel.agent.alerts.backfill import needs_replay, replay_store
-from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleFile, RuleGroup
+from vllm_sentinel.agent.alerts.rulemodel import Rule, RuleFile, RuleGroup, fingerprint
 from vllm_sentinel.agent.alerts.state import (FIRING, PENDING, AlertingRuleState, GroupEvaluator,
                                               label_key, store_sink, to_vector)
 # register_fix is the hook for a site's own fix computations; the 'not registered' message names it here
@@ -31,6 +31,8 @@ from vllm_sentinel.agent.diagnosis.fixes import FIXES
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.promql.remote import instant_all, range_all
+from vllm_sentinel.agent.store import coverage_table
+from vllm_sentinel.agent.store.write_log import EVERYTHING
 from vllm_sentinel.agent.store.incidents_table import firing_incident_rows, incidents_overlapping, upsert_incidents
 from vllm_sentinel.collectors.prometheus import PrometheusError
 from vllm_sentinel.collectors.timefmt import iso_precise
@@ -38,6 +40,9 @@ from vllm_sentinel.collectors.timefmt import iso_precise
 log = logging.getLogger(__name__)
 
 DEFAULT_STEP_MS = 5_000
+# live evaluations at most this far apart are one covered stretch; a sample written this much later than its
+# time is late (the evaluations around its time did not see it) and the coverage is clipped back to it
+COVERAGE_GAP_MS = 15_000
 # labels an incident shows separately from its `labels`
 _OWN_LABELS = ("alertname", "incident", "severity", "instance")
 
@@ -216,8 +221,13 @@ class Evaluator:
     'resolved': [ids], 'errors': ['rule: message']}."""
 
     def __init__(self, rules: list[RuleFile] | list[RuleGroup], engine_factory: Callable[[Any], Any] | None = None,
-                 config_for: ConfigFor = _no_config, external_labels: dict[str, str] | None = None):
+                 config_for: ConfigFor = _no_config, external_labels: dict[str, str] | None = None,
+                 coverage_gap_ms: int = COVERAGE_GAP_MS):
         self.groups = _groups_of(rules)
+        self.pack = fingerprint(self.groups)
+        self.coverage_gap_ms = coverage_gap_ms
+        self._covered_to: int | None = None  # time of the last evaluation recorded in rule_coverage
+        self._mark = 0  # the store's write-log position at that evaluation
         self.config_for = config_for
         self.external_labels = external_labels
         self._engine_factory = engine_factory or _live_engine
@@ -253,6 +263,7 @@ class Evaluator:
         assert self._groups_eval is not None
         results = self._groups_eval.eval(now_ms)
         errors = [f"{r.rule.name}: {r.error}" for r in results if r.error]
+        self._cover(store, now_ms, clean=not errors)
         opened, changed, resolved = [], [], []
         seen: set[tuple[str, tuple]] = set()
         for rule in _alerting_rules(self.groups):
@@ -285,6 +296,22 @@ class Evaluator:
             active[d] = active.get(d, 0) + 1
         return {"active": active, "opened": [i.id for i in opened], "resolved": [i.id for i in resolved],
                 "errors": errors}
+
+    def _cover(self, store: Any, now_ms: int, clean: bool) -> None:
+        """Record this evaluation in rule_coverage (diagnose then need not replay its stretch of time)."""
+        writes = getattr(store, "writes", None)
+        if writes is None:
+            return
+        late = writes.oldest_since(self._mark) if self._covered_to is not None else None
+        if late is not None and late != EVERYTHING and late < self._covered_to - self.coverage_gap_ms:
+            coverage_table.clip(store, late)  # evaluations after `late` ran without those samples
+            self._covered_to = None
+        self._mark = writes.mark()
+        if not clean:  # a rule failed: this evaluation covers nothing, and the next starts a new stretch
+            self._covered_to = None
+            return
+        coverage_table.extend(store, self.pack, now_ms, self.coverage_gap_ms, new_run=self._covered_to is None)
+        self._covered_to = now_ms
 
     def instant(self, expr: str, t_ms: int) -> Any:
         """An instant query over the store the last evaluation ran on (for signals beside the incidents)."""

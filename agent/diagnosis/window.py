@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_sentinel.agent.alerts.explains import CausalLinks, causal_links
-from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup, fingerprint
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.episodes import DEFAULT_TOLERANCE_MS, link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import DEFAULT_STEP_MS, ConfigFor, evaluate_window
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
 from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.store import coverage_table
+from vllm_sentinel.collectors.timefmt import iso_seconds
 
 LOOKBACK_MS = 300_000
 MAX_STEPS = 2_000  # per rule and window: 5 s steps up to ~2.8 h, coarser beyond (live incidents stay exact)
@@ -42,27 +45,59 @@ def store_config_for(store: Any, start_ms: int, end_ms: int, step_ms: int) -> Co
     return lookup
 
 
+@dataclass
+class EvaluationPlan:
+    """Where a window's incidents come from: stretches the daemon evaluated live (read from the incidents
+    table), and the rest, replayed at `step_ms`."""
+
+    live: list[tuple[int, int]]
+    replayed: list[tuple[int, int]]
+    step_ms: int
+
+    def as_dict(self) -> dict:
+        """The `evaluation` block of the diagnose JSON."""
+        return {"step_s": self.step_ms / 1000,
+                "live": [{"start": iso_seconds(a), "end": iso_seconds(b)} for a, b in self.live],
+                "replayed": [{"start": iso_seconds(a), "end": iso_seconds(b)} for a, b in self.replayed]}
+
+
 class PackWindowEvaluator:
     """diagnose's evaluator for a pack: the window replay, fixes computed from the configuration in
-    force at its end; `links` are the pack's causal links, for grouping what it finds in episodes."""
+    force at its end; `links` are the pack's causal links, for grouping what it finds in episodes.
+
+    Where the daemon evaluated this same pack live (rule_coverage), its incidents are already in the
+    incidents table: only the rest of the window is replayed, so the cost follows what no daemon watched.
+    """
 
     def __init__(self, pack: list[RuleFile]):
         self.pack = pack
         self.links: CausalLinks = causal_links(pack)
+        self.fingerprint = fingerprint([g for f in pack for g in f.groups])
 
-    def __call__(self, store: Any, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
-        """Incidents of the pack in (start_ms, end_ms], in the diagnose JSON contract."""
+    def plan(self, store: Any, start_ms: int, end_ms: int) -> EvaluationPlan:
+        """The live and replayed stretches of (start_ms, end_ms]."""
         span = store.time_range()
         if span is None:
-            return []
+            return EvaluationPlan([], [], DEFAULT_STEP_MS)
         # nothing fires where there is no data (5 min lookback aside): a `--since 30d` over an hour of
         # history costs an hour, and very long windows take coarser steps (bounded work)
         lo, hi = data_bounds(start_ms, end_ms, span[0], span[1])
         if lo >= hi:
-            return []
-        step = window_step(lo, hi)
-        return evaluate_window(store, lo, hi, instance, self.pack, step_ms=step,
-                               config_for=store_config_for(store, lo, end_ms, step))
+            return EvaluationPlan([], [], DEFAULT_STEP_MS)
+        live = coverage_table.covered(store, self.fingerprint, lo, hi)
+        replayed = coverage_table.gaps(live, lo, hi)
+        step = window_step(0, sum(b - a for a, b in replayed))
+        return EvaluationPlan(live, replayed, step)
+
+    def __call__(self, store: Any, start_ms: int, end_ms: int, instance: str | None) -> list[dict]:
+        """Incidents of the pack in (start_ms, end_ms], in the diagnose JSON contract."""
+        plan = self.plan(store, start_ms, end_ms)
+        found: list[dict] = []
+        for lo, hi in plan.replayed:
+            found.extend(evaluate_window(store, lo, hi, instance, self.pack, step_ms=plan.step_ms,
+                                         config_for=store_config_for(store, lo, end_ms, plan.step_ms)))
+        found.sort(key=lambda d: (d["start"], d["rule"], d["id"]))
+        return found
 
 
 def pack_window_evaluator(pack: list[RuleFile]) -> PackWindowEvaluator:

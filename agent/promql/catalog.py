@@ -19,25 +19,36 @@ class Catalog:
         self.version: tuple[int, int] | None = None
         self.sids: list[int] = []
         self.labels: list[dict[str, str]] = []
+        self._by_name: dict[str, list[int]] = {}  # metric name -> indexes: a selector names one, nearly always
         self._match_cache: dict[tuple, list[int]] = {}
         self._keys: dict[tuple[int, bool], tuple] = {}
         self._regex: dict[str, re.Pattern] = {}
 
     def refresh(self, cur: duckdb.DuckDBPyConnection, version: tuple[int, int] | None = None) -> None:
-        """Reload the series table when a series was added since the last query (`version`: known already)."""
+        """Reload the series table when a series was added since the last query (`version`: known already).
+
+        Series ids dense from 0 that only grew (the daemon's own store) are read from the first new id
+        on; anything else (a series removed, ids with gaps) reloads the whole table.
+        """
         version = version or series_table.series_version(cur)
         if version == self.version:
             return
-        self.sids, self.labels = [], []
-        for sid, instance, metric, labels in series_table.series_labels(cur):
+        old = self.version
+        grew = (old is not None and old[0] == old[1] + 1 and version[0] == version[1] + 1 and version[0] > old[0]
+                and len(self.sids) == old[0])
+        if not grew:
+            self.sids, self.labels, self._by_name = [], [], {}
+            self._keys.clear()
+        rows = series_table.series_labels(cur, from_id=old[0] if grew and old else None)
+        for sid, instance, metric, labels in rows:
             d = dict(labels) if labels else {}
             if instance:
                 d["instance"] = instance
             d["__name__"] = metric
+            self._by_name.setdefault(metric, []).append(len(self.sids))
             self.sids.append(int(sid))
             self.labels.append(d)
         self._match_cache.clear()
-        self._keys.clear()
         self.version = version
 
     def keys(self, idx: list[int], keep_name: bool) -> list:
@@ -70,7 +81,10 @@ class Catalog:
             return hit
         out = []
         tests = []
+        candidates: list[int] | range = range(len(self.labels))
         for name, op, value in matchers:
+            if name == "__name__" and op == "=":
+                candidates = self._by_name.get(value, [])
             if op == "=":
                 tests.append(lambda d, n=name, v=value: d.get(n, "") == v)
             elif op == "!=":
@@ -81,7 +95,9 @@ class Catalog:
             else:
                 rx = self._re(value)
                 tests.append(lambda d, n=name, rx=rx: rx.fullmatch(d.get(n, "")) is None)
-        for i, d in enumerate(self.labels):
+        labels = self.labels
+        for i in candidates:
+            d = labels[i]
             if all(t(d) for t in tests):
                 out.append(i)
         out.sort(key=lambda i: labels_key(self.labels[i]))

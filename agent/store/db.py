@@ -14,16 +14,19 @@ import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pyarrow as pa
 
-from vllm_sentinel.agent.store import hour_archive
+from vllm_sentinel.agent.store import coverage_table, hour_archive
 from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
 from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +308,7 @@ class Store:
     def _write(self, ts_col: list[int], sid_col: list[int], val_col: list[float | None],
                new_series: list, events: list[Event]) -> list[int]:
         """One transaction: new partitions, new series, the samples, the events; returns the hours written."""
+        import pyarrow as pa  # the write path's: a read-only diagnose does not pay its import
         samples = pa.table({
             "ts": pa.array(ts_col, pa.int64()),
             "series_id": pa.array(sid_col, pa.uint32()),
@@ -448,6 +452,7 @@ class Store:
                 self._archives = {i: a for i, a in saved_archives.items() if i not in old}
                 self._refresh_view()
                 self.con.execute("DELETE FROM events WHERE ts < ?", [cutoff_ms])
+                coverage_table.drop_before(self.con, cutoff_ms)
                 _stall("retention:before_commit")
                 self.con.execute("COMMIT")
             except BaseException:
@@ -566,6 +571,7 @@ def _memory_setting(limit: str) -> str:
 
 
 def _series_table(rows: list[tuple[int, str, str, dict[str, str], str, str]]) -> pa.Table:
+    import pyarrow as pa  # the write path's: a read-only diagnose does not pay its import
     return pa.table({
         "series_id": pa.array([r[0] for r in rows], pa.uint32()),
         "instance": pa.array([r[1] for r in rows], pa.string()),

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_sentinel.agent.store import coverage_table
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch
@@ -76,6 +77,9 @@ def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: in
         stored += store.append_many(batches.values())
         if progress:
             progress(min(start + CHUNK_LINES, total), total)
+    if first is not None:
+        # what a daemon evaluated live before this dump came in did not see it: diagnose replays from here
+        coverage_table.clip(store, first)
     return IngestResult(stored, sorted(seen), first, last, skipped, first_skipped)
 
 

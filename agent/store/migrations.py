@@ -79,6 +79,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         # the file's name inside <store>.hours/; NULL while the hour lives only in its table
         "ALTER TABLE partitions ADD COLUMN archive VARCHAR",
     ]),
+    (6, "stretches of time the daemon evaluated a rule pack live (agent/store/coverage_table.py)", [
+        # pack: the rule pack's fingerprint; the daemon evaluated it at start_ms, at end_ms and at most
+        # a few seconds apart in between, so its incidents for that stretch are in the incidents table
+        """CREATE TABLE rule_coverage (
+               pack VARCHAR NOT NULL,
+               start_ms BIGINT NOT NULL,
+               end_ms BIGINT NOT NULL)""",
+    ]),
 ]
 
 

@@ -13,9 +13,12 @@ def series_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, int]:
     return cur.execute("SELECT count(*), coalesce(max(series_id), -1) FROM series").fetchall()[0]
 
 
-def series_labels(cur: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str, Any]]:
-    """(series_id, instance, metric, labels map) of every series, in table order."""
-    return cur.execute("SELECT series_id, instance, metric, labels FROM series").fetchall()
+def series_labels(cur: duckdb.DuckDBPyConnection, from_id: int | None = None) -> list[tuple[int, str, str, Any]]:
+    """(series_id, instance, metric, labels map) of every series (with an id >= from_id when given), by id."""
+    if from_id is None:
+        return cur.execute("SELECT series_id, instance, metric, labels FROM series ORDER BY series_id").fetchall()
+    return cur.execute("SELECT series_id, instance, metric, labels FROM series WHERE series_id >= ? "
+                       "ORDER BY series_id", [from_id]).fetchall()
 
 
 def metrics_present(store: Any, metrics: Iterable[str]) -> set[str]:

@@ -14,19 +14,19 @@ import itertools
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 _names = itertools.count()
 
 
-def _register(cur: duckdb.DuckDBPyConnection, table: pa.Table) -> str:
+def _register(cur: duckdb.DuckDBPyConnection, columns: dict[str, np.ndarray]) -> str:
+    # DuckDB scans a dict of NumPy arrays in place (no pyarrow import on the read path)
     name = f"_promql_{next(_names)}"
-    cur.register(name, table)
+    cur.register(name, columns)
     return name
 
 
-def _steps_table(ref: np.ndarray) -> pa.Table:
-    return pa.table({"step": pa.array(np.arange(len(ref)), pa.int32()), "ref": pa.array(ref, pa.int64())})
+def _steps_table(ref: np.ndarray) -> dict[str, np.ndarray]:
+    return {"step": np.arange(len(ref), dtype=np.int32), "ref": np.asarray(ref, dtype=np.int64)}
 
 
 def _filtered_samples(samples_sql: str, sids: list[int], lo: int, hi: int, keep_stale: bool) -> str:
@@ -46,7 +46,7 @@ def instant_lookup(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
     """
     lo, hi = int(ref.min()) - lookback_ms, int(ref.max())
     steps = _register(cur, _steps_table(ref))
-    ids = _register(cur, pa.table({"sid": pa.array(sids, pa.uint32())}))
+    ids = _register(cur, {"sid": np.asarray(sids, dtype=np.uint32)})
     try:
         sql = f"""
             WITH s AS ({_filtered_samples(samples_sql, sids, lo, hi, keep_stale=True)}),

@@ -136,6 +136,21 @@ def test_aggregations_by_and_without():
         (("__name__", "r"), ("engine", "0"), ("instance", "y")): 8.0}
 
 
+def test_sum_adds_a_large_group_series_by_series_at_an_instant_and_over_a_range():
+    # 12 series of inexact values: pairwise summation (numpy's for one column) differs from adding in order
+    values = [636.9616873214543, 269.7867137638703, 40.97352393619469, 16.527635528529096, 813.2702392002724,
+              912.7555772777217, 606.6357757671799, 729.4965609839984, 543.6249914654229, 935.0724237877682,
+              815.8535541215322, 2.738500170148095]
+    e = _engine({f'r{{instance="x",engine="{i:02d}"}}': f"{v!r}x5" for i, v in enumerate(values)})
+    in_order = 0.0
+    for v in values:  # the catalog orders series by labels: engine 00, 01, ... as listed
+        in_order += v
+    assert e.instant("sum(r)", 60_000)[0].value == in_order
+    assert e.instant("sum by (instance) (r)", 60_000)[0].value == in_order
+    assert [v for _, v in e.range("sum(r)", 0, 60_000, 15_000)[0].points] == [in_order] * 5
+    assert e.instant("count(r)", 60_000)[0].value == 12.0
+
+
 def test_functions_absent_scalar_vector_clamp_and_offset():
     e = _engine({'g{instance="x"}': "1 2 3 4 5 6 7 8"})
     t = 105_000

@@ -1,0 +1,73 @@
+"""CPU of the daemon's live rule evaluation: the whole pack at advancing times over N targets, windows kept.
+
+Writes `--minutes` of 1 Hz ticks of the real vLLM capture (advancing counters) for `--targets`
+targets, then, as the daemon does, writes 5 s more and evaluates the pack (the incidents table kept
+current) `--evaluations` times. Prints CPU per evaluation (median, max) and peak RSS; asserts nothing.
+
+    .venv/bin/python bench/live_rules.py                  # 16 targets, 12 min, 24 evaluations
+    .venv/bin/python bench/live_rules.py --profile 30     # and the 30 costliest functions (cProfile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from store import PAYLOAD, advancing_payloads, tick_batches  # noqa: E402
+
+from vllm_sentinel.agent.alerts.rulepack import load_pack  # noqa: E402
+from vllm_sentinel.agent.diagnosis.incidents import Evaluator  # noqa: E402
+from vllm_sentinel.agent.store.db import Store  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", type=int, default=16)
+    ap.add_argument("--minutes", type=int, default=12, help="history written before the measured evaluations")
+    ap.add_argument("--evaluations", type=int, default=24)
+    ap.add_argument("--profile", type=int, default=0, help="print this many functions by cumulative time")
+    a = ap.parse_args()
+    payloads = advancing_payloads(PAYLOAD.read_text(), 120)
+    shapes: dict = {}
+    with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "live.duckdb") as store:
+        t0 = (int(time.time()) // 3600) * 3_600_000 - 3_600_000
+        tick = 0
+
+        def write(seconds: int) -> None:
+            nonlocal tick
+            for _ in range(seconds):
+                store.append_many(tick_batches(payloads[tick % len(payloads)], t0 + tick * 1000, a.targets, shapes))
+                tick += 1
+
+        write(a.minutes * 60)
+        evaluator = Evaluator(load_pack(None))
+        evaluator(store, t0 + tick * 1000)  # the first evaluation reads the windows whole
+        cpu: list[float] = []
+        prof = cProfile.Profile() if a.profile else None
+        for _ in range(a.evaluations):
+            write(5)
+            started = time.process_time()
+            if prof:
+                prof.enable()
+            evaluator(store, t0 + tick * 1000)
+            if prof:
+                prof.disable()
+            cpu.append(time.process_time() - started)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{a.targets} targets, {a.minutes} min of 1 Hz history, {store.series_count:,} series: "
+              f"rule pack evaluated {a.evaluations} times 5 s apart, CPU per evaluation median "
+              f"{statistics.median(cpu) * 1000:.1f} ms, max {max(cpu) * 1000:.1f} ms; peak RSS {peak:.0f} MiB")
+        if prof:
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile)
+
+
+if __name__ == "__main__":
+    main()
