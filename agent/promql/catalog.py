@@ -4,6 +4,9 @@ until a series is added."""
 from __future__ import annotations
 
 import re
+import threading
+import weakref
+from typing import Any
 
 import duckdb
 
@@ -13,33 +16,23 @@ from vllm_sentinel.agent.store import series_table
 
 
 class Catalog:
-    """The store's series table as label dicts, with selector results cached until it changes."""
+    """The store's series table at one version, as label dicts; selector results and label keys cached.
 
-    def __init__(self) -> None:
-        self.version: tuple[int, int] | None = None
-        self.sids: list[int] = []
-        self.labels: list[dict[str, str]] = []
-        self._by_name: dict[str, list[int]] = {}  # metric name -> indexes: a selector names one, nearly always
+    A catalog never changes once built (its caches only fill): an engine takes the current one at
+    the start of a query and uses it throughout, whatever other threads' queries load meanwhile.
+    """
+
+    def __init__(self, version: tuple[int, int] | None = None, base: "Catalog | None" = None) -> None:
+        self.version = version
+        # a grown catalog starts from its predecessor's series (same indexes) and label keys
+        self.sids: list[int] = list(base.sids) if base else []
+        self.labels: list[dict[str, str]] = list(base.labels) if base else []
+        self._by_name: dict[str, list[int]] = ({k: list(v) for k, v in base._by_name.items()} if base else {})
+        self._keys: dict[tuple[int, bool], tuple] = dict(base._keys) if base else {}
         self._match_cache: dict[tuple, list[int]] = {}
-        self._keys: dict[tuple[int, bool], tuple] = {}
-        self._regex: dict[str, re.Pattern] = {}
+        self._regex: dict[str, re.Pattern] = dict(base._regex) if base else {}
 
-    def refresh(self, cur: duckdb.DuckDBPyConnection, version: tuple[int, int] | None = None) -> None:
-        """Reload the series table when a series was added since the last query (`version`: known already).
-
-        Series ids dense from 0 that only grew (the daemon's own store) are read from the first new id
-        on; anything else (a series removed, ids with gaps) reloads the whole table.
-        """
-        version = version or series_table.series_version(cur)
-        if version == self.version:
-            return
-        old = self.version
-        grew = (old is not None and old[0] == old[1] + 1 and version[0] == version[1] + 1 and version[0] > old[0]
-                and len(self.sids) == old[0])
-        if not grew:
-            self.sids, self.labels, self._by_name = [], [], {}
-            self._keys.clear()
-        rows = series_table.series_labels(cur, from_id=old[0] if grew and old else None)
+    def _add(self, rows) -> None:
         for sid, instance, metric, labels in rows:
             d = dict(labels) if labels else {}
             if instance:
@@ -48,8 +41,6 @@ class Catalog:
             self._by_name.setdefault(metric, []).append(len(self.sids))
             self.sids.append(int(sid))
             self.labels.append(d)
-        self._match_cache.clear()
-        self.version = version
 
     def keys(self, idx: list[int], keep_name: bool) -> list:
         """The label keys of these series (without __name__ unless keep_name), computed once per series."""
@@ -77,8 +68,11 @@ class Catalog:
         """Indexes into sids/labels of the series matching every matcher (regexes fully anchored)."""
         cache_key = tuple(matchers)
         hit = self._match_cache.get(cache_key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._match_cache[cache_key] = self._select(matchers)
+        return hit
+
+    def _select(self, matchers: list[tuple[str, str, str]]) -> list[int]:
         out = []
         tests = []
         candidates: list[int] | range = range(len(self.labels))
@@ -101,5 +95,46 @@ class Catalog:
             if all(t(d) for t in tests):
                 out.append(i)
         out.sort(key=lambda i: labels_key(self.labels[i]))
-        self._match_cache[cache_key] = out
         return out
+
+
+class Catalogs:
+    """The current Catalog of one store, replaced (never changed) when a series is added."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current = Catalog()
+
+    def current(self, cur: duckdb.DuckDBPyConnection, version: tuple[int, int] | None = None) -> Catalog:
+        """The catalog at the store's version (`version`: known already, else asked), loaded if it changed.
+
+        Series ids dense from 0 that only grew (the daemon's own store) are read from the first new id
+        on; anything else (a series removed, ids with gaps) loads the whole table.
+        """
+        version = version or series_table.series_version(cur)
+        with self._lock:
+            old = self._current
+            if version == old.version:
+                return old
+            grew = (old.version is not None and old.version[0] == old.version[1] + 1
+                    and version[0] == version[1] + 1 and version[0] > old.version[0] and len(old.sids) == old.version[0])
+            new = Catalog(version, old if grew else None)
+            new._add(series_table.series_labels(cur, from_id=old.version[0] if grew and old.version else None))
+            self._current = new
+            return new
+
+
+_SHARED: "weakref.WeakKeyDictionary[Any, Catalogs]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_catalogs(store: Any) -> Catalogs:
+    """The Catalogs of this store, shared by every engine over it (its own for a store that cannot be keyed)."""
+    with _SHARED_LOCK:
+        try:
+            got = _SHARED.get(store)
+            if got is None:
+                got = _SHARED[store] = Catalogs()
+            return got
+        except TypeError:  # not weakly referenceable
+            return Catalogs()

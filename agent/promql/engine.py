@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import promql_parser as pp
@@ -26,7 +27,7 @@ from vllm_sentinel.agent.promql.algebra import (COMPARISON, SET_OPS, Str, Vec, a
                                                 labels_key, order_sensitive, set_op, vector_binop, vector_scalar)
 from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_at, duration_ms, matchers_of,
                                                op_name, parse)
-from vllm_sentinel.agent.promql.catalog import Catalog
+from vllm_sentinel.agent.promql.catalog import Catalog, shared_catalogs
 from vllm_sentinel.agent.promql.window_cache import WindowCache
 from vllm_sentinel.agent.store import window_sql
 
@@ -50,6 +51,9 @@ class Series:
     points: list[tuple[int, float]]
 
 
+
+# instant queries of one expression at times this close share one read of their windows (instant_many)
+SHARED_READ_MS = 900_000
 
 RANGE_FUNCS = {"rate", "irate", "increase", "delta", "idelta", "deriv", "predict_linear", "resets", "changes",
                "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time",
@@ -90,7 +94,9 @@ class Engine:
     def __init__(self, store, lookback_ms: int = 300_000, incremental: bool = False):
         self.store = store
         self.lookback_ms = int(lookback_ms)
-        self._catalog = Catalog()
+        # one catalog per store: diagnose's engines (replay, evidence, summary, 16 inferred configs) load it once
+        self._catalogs = shared_catalogs(store)
+        self._catalog = Catalog()  # the one this engine's current query uses
         # incremental: evaluated again and again at advancing times (the daemon's rules): range windows are
         # kept and topped up with what the store wrote since, instead of read whole each time
         self._windows = WindowCache() if incremental else None
@@ -105,7 +111,7 @@ class Engine:
         node = parse(expr)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur, self._series_version())
+            self._catalog = self._catalogs.current(cur, self._series_version())
             ctx = _Ctx(self, cur, Grid(np.array([int(t_ms)], dtype=np.int64)))
             top = _unwrap(node)
             if isinstance(top, pp.MatrixSelector):
@@ -113,12 +119,38 @@ class Engine:
             val = self._eval(node, ctx)
         finally:
             cur.close()
-        if isinstance(val, np.ndarray):
-            return float(val[0])
-        if isinstance(val, Str):
-            raise Unsupported("unsupported: string-valued expression as a query result")
-        out = [Sample(dict(val.keys[i]), float(val.v[i, 0])) for i in range(len(val.keys)) if val.ok[i, 0]]
-        out.sort(key=lambda s: labels_key(s.labels))
+        return _instant_answer(val, 0)
+
+    def instant_many(self, queries: list[tuple[str, int]]) -> list[list[Sample] | float | list[Series]]:
+        """Many instant queries, each answer as instant() gives it; the same expression asked at times
+        close together is evaluated once over those times (one read of their windows, not one each).
+
+        Incident evidence asks a few expressions at each incident's peak: hundreds of instant
+        queries over a day, a handful of evaluations here.
+        """
+        out: list = [None] * len(queries)
+        by_expr: dict[str, list[int]] = {}
+        for i, (expr, _t) in enumerate(queries):
+            by_expr.setdefault(expr, []).append(i)
+        for expr, asked in by_expr.items():
+            node = parse(expr)
+            if len(asked) == 1 or isinstance(_unwrap(node), pp.MatrixSelector):
+                for i in asked:
+                    out[i] = self.instant(expr, queries[i][1])
+                continue
+            times = sorted({int(queries[i][1]) for i in asked})
+            answers: dict[int, Any] = {}
+            for group in _close_together(times, SHARED_READ_MS):
+                t = np.array(group, dtype=np.int64)
+                cur = self.store.cursor()
+                try:
+                    self._catalog = self._catalogs.current(cur, self._series_version())
+                    val = self._eval(node, _Ctx(self, cur, Grid(t)))
+                finally:
+                    cur.close()
+                answers.update({tk: _instant_answer(val, j) for j, tk in enumerate(group)})
+            for i in asked:
+                out[i] = answers[int(queries[i][1])]
         return out
 
     def range(self, expr: str, start_ms: int, end_ms: int, step_ms: int) -> list[Series]:
@@ -134,7 +166,7 @@ class Engine:
         t = np.arange(int(start_ms), int(end_ms) + 1, int(step_ms), dtype=np.int64)
         cur = self.store.cursor()
         try:
-            self._catalog.refresh(cur, self._series_version())
+            self._catalog = self._catalogs.current(cur, self._series_version())
             val = self._eval(node, _Ctx(self, cur, Grid(t)))
         finally:
             cur.close()
@@ -415,6 +447,28 @@ class Engine:
         ok[rows[good], steps[good]] = True
         keys = cat.keys(idx, keep_name=name == "last_over_time")
         return dedupe(Vec(keys, v, ok), whole_series=True)
+
+
+def _instant_answer(val, j: int) -> list[Sample] | float:
+    """Step j of an evaluation as an instant query's answer: a scalar, or the vector's samples by labels."""
+    if isinstance(val, np.ndarray):
+        return float(val[j])
+    if isinstance(val, Str):
+        raise Unsupported("unsupported: string-valued expression as a query result")
+    out = [Sample(dict(val.keys[i]), float(val.v[i, j])) for i in range(len(val.keys)) if val.ok[i, j]]
+    out.sort(key=lambda s: labels_key(s.labels))
+    return out
+
+
+def _close_together(times: list[int], span_ms: int) -> list[list[int]]:
+    """Sorted times cut into runs no longer than span_ms: [0, 1, 50, 51] with span 10 -> [[0, 1], [50, 51]]."""
+    runs: list[list[int]] = []
+    for t in times:
+        if runs and t - runs[-1][0] <= span_ms:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
 
 
 def _quantile_over_time(res: dict, q: float) -> tuple[np.ndarray, np.ndarray]:
