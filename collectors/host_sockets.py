@@ -107,22 +107,33 @@ def all_pids(proc_root: str | Path) -> list[int]:
         return []
 
 
-def socket_inodes(pid: int, proc_root: str | Path = "/proc") -> set[int]:
-    """Inodes of the sockets process `pid` holds open ('socket:[123]' links in /proc/PID/fd); empty if unreadable."""
+def _socket_links(pid: int, proc_root: str | Path) -> list[int] | None:
+    """Inodes of the sockets among /proc/PID/fd's links; None if the fd table is unreadable (PermissionError
+    raised as is, so a caller can count it)."""
     fd_dir = Path(proc_root) / str(pid) / "fd"
-    out: set[int] = set()
     try:
         names = os.listdir(fd_dir)
+    except PermissionError:
+        raise
     except OSError:
-        return out
+        return None  # exited meanwhile
+    out = []
     for fd in names:
         try:
             link = os.readlink(fd_dir / fd)
         except OSError:
             continue
         if link.startswith("socket:["):
-            out.add(int(link[8:-1]))
+            out.append(int(link[8:-1]))
     return out
+
+
+def socket_inodes(pid: int, proc_root: str | Path = "/proc") -> set[int]:
+    """Inodes of the sockets process `pid` holds open ('socket:[123]' links in /proc/PID/fd); empty if unreadable."""
+    try:
+        return set(_socket_links(pid, proc_root) or ())
+    except PermissionError:
+        return set()
 
 
 def socket_holders(proc_root: str | Path = "/proc") -> tuple[dict[int, list[int]], int]:
@@ -130,23 +141,15 @@ def socket_holders(proc_root: str | Path = "/proc") -> tuple[dict[int, list[int]
     holders: dict[int, list[int]] = {}
     unreadable = 0
     for pid in all_pids(proc_root):
-        fd_dir = Path(proc_root) / str(pid) / "fd"
         try:
-            names = os.listdir(fd_dir)
+            inodes = _socket_links(pid, proc_root)
         except PermissionError:
             unreadable += 1
             continue
-        except OSError:
-            continue  # exited meanwhile
-        for fd in names:
-            try:
-                link = os.readlink(fd_dir / fd)
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                pids = holders.setdefault(int(link[8:-1]), [])
-                if not pids or pids[-1] != pid:
-                    pids.append(pid)
+        for inode in inodes or ():
+            pids = holders.setdefault(inode, [])
+            if not pids or pids[-1] != pid:
+                pids.append(pid)
     return holders, unreadable
 
 

@@ -141,13 +141,7 @@ class Engine:
             times = sorted({int(queries[i][1]) for i in asked})
             answers: dict[int, Any] = {}
             for group in _close_together(times, SHARED_READ_MS):
-                t = np.array(group, dtype=np.int64)
-                cur = self.store.cursor()
-                try:
-                    self._catalog = self._catalogs.current(cur, self._series_version())
-                    val = self._eval(node, _Ctx(self, cur, Grid(t)))
-                finally:
-                    cur.close()
+                val = self._eval_at(node, np.array(group, dtype=np.int64))
                 answers.update({tk: _instant_answer(val, j) for j, tk in enumerate(group)})
             for i in asked:
                 out[i] = answers[int(queries[i][1])]
@@ -164,12 +158,7 @@ class Engine:
             raise PromQLError("invalid expression type \"range vector\" for range query, "
                               "must be Scalar or instant Vector")
         t = np.arange(int(start_ms), int(end_ms) + 1, int(step_ms), dtype=np.int64)
-        cur = self.store.cursor()
-        try:
-            self._catalog = self._catalogs.current(cur, self._series_version())
-            val = self._eval(node, _Ctx(self, cur, Grid(t)))
-        finally:
-            cur.close()
+        val = self._eval_at(node, t)
         if isinstance(val, np.ndarray):
             return [Series({}, [(int(a), float(b)) for a, b in zip(t, val)])]
         if isinstance(val, Str):
@@ -181,6 +170,15 @@ class Engine:
                 out.append(Series(dict(key), [(int(a), float(b)) for a, b in zip(t[mask], val.v[i][mask])]))
         out.sort(key=lambda s: labels_key(s.labels))
         return out
+
+    def _eval_at(self, node: pp.Expr, t: np.ndarray):
+        """The expression over the grid of times t, on the catalog current at the start."""
+        cur = self.store.cursor()
+        try:
+            self._catalog = self._catalogs.current(cur, self._series_version())
+            return self._eval(node, _Ctx(self, cur, Grid(t)))
+        finally:
+            cur.close()
 
     def _series_version(self) -> tuple[int, int] | None:
         # the live engine reads the writer's own store, whose series ids are dense from 0: no query needed
