@@ -85,11 +85,12 @@ def main() -> None:
             for tick in range(0, 3601, 5):
                 evaluator(store, t0 + tick * 1000)
         live_cpu = time.process_time() - started
-        covered = timed_cli(args, a.repeats)
-        doc = json.loads(subprocess.run([sys.executable, "-m", "vllm_sentinel", *args], capture_output=True,
+        reuse = [*args, "--reuse-live"]
+        covered = timed_cli(reuse, a.repeats)
+        doc = json.loads(subprocess.run([sys.executable, "-m", "vllm_sentinel", *reuse], capture_output=True,
                                         text=True, check=True).stdout)
         print(f"(live evaluation of the hour, as the daemon does it every 5 s: {live_cpu:.1f} s of CPU in all)")
-        print(f"diagnose --since 1h over the hour the daemon evaluated live (no daemon running): median "
+        print(f"diagnose --since 1h --reuse-live over the hour the daemon evaluated live (no daemon running): median "
               f"{statistics.median(covered):.2f} s, min {min(covered):.2f} s over {a.repeats} fresh processes; "
               f"evaluation {json.dumps(doc.get('evaluation'))}")
 

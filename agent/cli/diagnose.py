@@ -44,6 +44,11 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
              rules: Optional[list[Path]] = RulesOption,
              params: Optional[Path] = ParamsOption,
              db: Optional[Path] = DbOption,
+             reuse_live: bool = typer.Option(
+                 False, "--reuse-live",
+                 help="where the daemon evaluated these rules live, take its incidents instead of replaying "
+                      "(much faster over long windows; on a starved host the live evaluation can miss what a "
+                      "replay finds)"),
              remote: PrometheusArgs = PrometheusArgs()) -> None:
     """Incidents with evidence and fixes, and a health summary, over a window of history."""
     check_format(fmt, ("table", "markdown", "json"))
@@ -62,8 +67,8 @@ def diagnose(since: str = typer.Option("1h", help="window length, ending at --un
     try:
         # a long window or a large fleet takes seconds: say what is happening (on stderr, so JSON stays clean)
         with err.status(f"evaluating {len(pack)} rule file(s) over {since} of history"):
-            doc = diagnose_document(db_path(db), start, end, instance, pack_window_evaluator(pack), rules,
-                                    overrides, markdown=fmt == "markdown")
+            doc = diagnose_document(db_path(db), start, end, instance, pack_window_evaluator(pack, reuse_live),
+                                    rules, overrides, markdown=fmt == "markdown", reuse_live=reuse_live)
     except (NoDataInWindow, StoreError, ApiError) as e:
         raise fail(str(e)) from None
     _print(doc, fmt)
@@ -120,7 +125,7 @@ def _duration(ms: int) -> str:
 
 def diagnose_document(db: Path, start_ms: int, end_ms: int, instance: Optional[str],
                       evaluate_window: WindowEvaluator, rule_paths: Optional[list[Path]],
-                      overrides: Optional[ParamOverrides], markdown: bool = False) -> dict:
+                      overrides: Optional[ParamOverrides], markdown: bool = False, reuse_live: bool = False) -> dict:
     """The diagnose document from the daemon that owns `db`, else from the file read-only.
 
     The daemon gets the operator's rules as absolute paths and the parsed --params as values;
@@ -128,7 +133,7 @@ def diagnose_document(db: Path, start_ms: int, end_ms: int, instance: Optional[s
     """
     query = {"start_ms": start_ms, "end_ms": end_ms, "instance": instance,
              "rules": json.dumps([str(Path(p).resolve()) for p in rule_paths]) if rule_paths else None,
-             "format": "markdown" if markdown else None,
+             "format": "markdown" if markdown else None, "reuse_live": "1" if reuse_live else None,
              "params": json.dumps({"values": overrides.values, "source": overrides.source}) if overrides else None}
 
     def from_file(store: Store) -> dict:

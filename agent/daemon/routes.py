@@ -42,6 +42,8 @@ def daemon_route_diagnose(evaluate_window: WindowEvaluator | None = None, load_r
             paths = [Path(p) for p in json.loads(params["rules"])] if params.get("rules") else None
             overrides = param_overrides_from_query(params["params"]) if params.get("params") else None
             evaluator = load_rules(paths, overrides)
+        if params.get("reuse_live") and hasattr(evaluator, "reusing_live"):
+            evaluator = evaluator.reusing_live()
         try:
             doc = diagnose(store, start_ms, end_ms, params.get("instance"), evaluate_window=evaluator)
         except NoDataInWindow as e:

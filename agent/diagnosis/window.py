@@ -65,14 +65,21 @@ class PackWindowEvaluator:
     """diagnose's evaluator for a pack: the window replay, fixes computed from the configuration in
     force at its end; `links` are the pack's causal links, for grouping what it finds in episodes.
 
-    Where the daemon evaluated this same pack live (rule_coverage), its incidents are already in the
-    incidents table: only the rest of the window is replayed, so the cost follows what no daemon watched.
+    With `reuse_live`, where the daemon evaluated this same pack live (rule_coverage) its incidents are
+    taken from the incidents table and only the rest of the window is replayed, so the cost follows what
+    no daemon watched. Off by default: on a starved host the live evaluation (late scrapes, evaluations
+    far apart) can miss an incident a replay of the stored samples finds.
     """
 
-    def __init__(self, pack: list[RuleFile]):
+    def __init__(self, pack: list[RuleFile], reuse_live: bool = False):
         self.pack = pack
+        self.reuse_live = reuse_live
         self.links: CausalLinks = causal_links(pack)
         self.fingerprint = fingerprint([g for f in pack for g in f.groups])
+
+    def reusing_live(self) -> "PackWindowEvaluator":
+        """The same evaluator with reuse_live on."""
+        return PackWindowEvaluator(self.pack, reuse_live=True)
 
     def plan(self, store: Any, start_ms: int, end_ms: int) -> EvaluationPlan:
         """The live and replayed stretches of (start_ms, end_ms]."""
@@ -84,7 +91,7 @@ class PackWindowEvaluator:
         lo, hi = data_bounds(start_ms, end_ms, span[0], span[1])
         if lo >= hi:
             return EvaluationPlan([], [], DEFAULT_STEP_MS)
-        live = coverage_table.covered(store, self.fingerprint, lo, hi)
+        live = coverage_table.covered(store, self.fingerprint, lo, hi) if self.reuse_live else []
         replayed = coverage_table.gaps(live, lo, hi)
         step = window_step(0, sum(b - a for a, b in replayed))
         return EvaluationPlan(live, replayed, step)
@@ -100,9 +107,9 @@ class PackWindowEvaluator:
         return found
 
 
-def pack_window_evaluator(pack: list[RuleFile]) -> PackWindowEvaluator:
+def pack_window_evaluator(pack: list[RuleFile], reuse_live: bool = False) -> PackWindowEvaluator:
     """diagnose's evaluator for `pack` (a callable carrying the pack's causal links)."""
-    return PackWindowEvaluator(pack)
+    return PackWindowEvaluator(pack, reuse_live)
 
 
 def evaluate_episodes(store: Any, groups: list[RuleGroup], end_ms: int, step_ms: int,

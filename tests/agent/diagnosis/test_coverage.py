@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from vllm_sentinel.agent.alerts.rulefile import parse_rule_text
+from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.diagnosis import window as window_module
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.diagnosis.incidents import Evaluator, evaluate_window
@@ -88,7 +93,7 @@ def test_a_window_the_daemon_covered_is_read_from_its_records_not_replayed(store
     replays = []
     monkeypatch.setattr(window_module, "evaluate_window",
                         lambda *a, **k: replays.append(a[1:3]) or evaluate_window(*a, **k))
-    doc = diagnose(store, 0, 150 * S, evaluate_window=pack_window_evaluator(rules))
+    doc = diagnose(store, 0, 150 * S, evaluate_window=pack_window_evaluator(rules, reuse_live=True))
     assert replays == []
     assert doc["evaluation"] == {"step_s": 5.0, "live": [span(0, 150)], "replayed": []}
     [inc] = doc["incidents"]
@@ -96,13 +101,17 @@ def test_a_window_the_daemon_covered_is_read_from_its_records_not_replayed(store
     # the same incident a replay of the whole window finds
     [replayed] = evaluate_window(store, 0, 150 * S, None, rules)
     assert (inc["id"], inc["start"], inc["end"]) == (replayed["id"], replayed["start"], replayed["end"])
+    # without reuse_live (the default) the whole window is replayed, the live record merged in as before
+    doc = diagnose(store, 0, 150 * S, evaluate_window=pack_window_evaluator(rules))
+    assert doc["evaluation"] == {"step_s": 5.0, "live": [], "replayed": [span(0, 150)]}
+    assert [(i["id"], i["found_by"]) for i in doc["incidents"]] == [(inc["id"], "live")]
 
 
 def test_what_no_daemon_watched_is_replayed_and_said_so(store):
     rules = pack()
     live(store, rules, range(0, 45, 5))  # a daemon watched 0..40 s,
     live(store, rules, range(100, 155, 5))  # then a restarted one 100..150 s; the incident (80..85 s) fell between
-    doc = diagnose(store, 0, 150 * S, evaluate_window=pack_window_evaluator(rules))
+    doc = diagnose(store, 0, 150 * S, evaluate_window=pack_window_evaluator(rules, reuse_live=True))
     assert doc["evaluation"]["live"] == [span(0, 40), span(100, 150)]
     assert doc["evaluation"]["replayed"] == [span(40, 100)]
     [inc] = doc["incidents"]
@@ -111,7 +120,7 @@ def test_what_no_daemon_watched_is_replayed_and_said_so(store):
     assert (inc["id"], inc["start"], inc["end"]) == (whole["id"], whole["start"], whole["end"])
     # another pack (for: 30s) was never evaluated live: all of its window is replayed
     other = pack("30s")
-    assert pack_window_evaluator(other).plan(store, 0, 150 * S).replayed == [(0, 150 * S)]
+    assert pack_window_evaluator(other, reuse_live=True).plan(store, 0, 150 * S).replayed == [(0, 150 * S)]
 
 
 def test_samples_arriving_late_or_ingested_take_back_the_coverage_of_their_time(store):
@@ -121,11 +130,11 @@ def test_samples_arriving_late_or_ingested_take_back_the_coverage_of_their_time(
     late.add("vllm:num_requests_running", {"engine": "1"}, 5.0)
     store.append_many([late])  # written at 150 s for 30 s: evaluations from 30 s on did not see it
     ev(store, 155 * S)
-    plan = pack_window_evaluator(rules).plan(store, 0, 155 * S)
+    plan = pack_window_evaluator(rules, reuse_live=True).plan(store, 0, 155 * S)
     assert plan.live == [(0, 30 * S - 1), (155 * S, 155 * S)]
     assert plan.replayed == [(30 * S - 1, 155 * S)]
     ingest_text(store, 'vllm:num_requests_running{instance="a:8000"} 7 10000\n', None, 0)
-    assert pack_window_evaluator(rules).plan(store, 0, 155 * S).live == [(0, 10 * S - 1)]
+    assert pack_window_evaluator(rules, reuse_live=True).plan(store, 0, 155 * S).live == [(0, 10 * S - 1)]
 
 
 def test_an_evaluation_with_a_failing_rule_covers_nothing(store):
@@ -134,3 +143,19 @@ def test_an_evaluation_with_a_failing_rule_covers_nothing(store):
     ev = live(store, bad, range(0, 55, 5))
     assert ev.pack != Evaluator(pack()).pack
     assert coverage_table.covered(store, ev.pack, 0, 100 * S) == []
+
+
+def test_the_cli_reuses_live_records_only_when_asked(tmp_path):
+    db = tmp_path / "s.duckdb"
+    with Store.open(db) as s:
+        load_input_series(s, [{"series": 'vllm:num_requests_waiting{instance="a:8000"}',
+                               "values": "0x10 3 4 8 5 4 3 0x20"}], 5 * S)
+        live(s, load_pack(None), range(0, 155, 5))  # the shipped pack, as the CLI loads it
+
+    def evaluation(*flags: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "vllm_sentinel", "diagnose", "--db", str(db), "--since", "150s",
+                              "--until", "150", "--format", "json", *flags], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)["evaluation"]
+
+    assert evaluation()["live"] == []
+    assert evaluation("--reuse-live") == {"step_s": 5.0, "live": [span(0, 150)], "replayed": []}
