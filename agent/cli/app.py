@@ -8,6 +8,8 @@ the daemon, the demo and the capacity search (importing every command cost 0.8 s
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Iterator, MutableMapping
 
 import click
@@ -22,8 +24,16 @@ COMMANDS = {"run": "run", "diagnose": "diagnose", "compare": "compare", "capacit
 GROUPS = {"rules", "export"}  # these modules' apps are groups of subcommands (export has one so far)
 
 
+# set before a command's module imports NumPy. The daemon does no linear algebra, and OpenBLAS starts one
+# thread per core when NumPy loads: 15 idle threads on a 16-core GPU host, next to the vLLM they watch.
+COMMAND_ENVIRONMENT = {"run": {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}}
+
+
 def load_command(name: str) -> click.Command:
     """The click command `name`, its module imported now."""
+    if "numpy" not in sys.modules:  # too late once it is loaded (`--help` of every command, tests)
+        for key, value in COMMAND_ENVIRONMENT.get(name, {}).items():
+            os.environ.setdefault(key, value)
     module = importlib.import_module(f"vllm_sentinel.agent.cli.{COMMANDS[name]}")
     command = typer.main.get_group(module.app) if name in GROUPS else typer.main.get_command(module.app)
     command.name = name

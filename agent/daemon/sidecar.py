@@ -328,6 +328,7 @@ class Sidecar:
         if dropped:
             log.info("retention dropped %s", ", ".join(dropped))
         self.store.sort_closed(now)
+        self.store.roll_up(now)  # long windows (diagnose --since 24h) read these instead of every sample
 
     def _guard(self, what: str, fn: Callable[[], object]) -> None:
         try:

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 PROCESS_INTERVAL_S = 5.0  # process discovery scans /proc: every few seconds is plenty
 CONFIG_INTERVAL_S = 30.0
+# DuckDB's worker threads in the daemon: its reads are small, and its hourly rewrite and roll-ups must not
+# take every core from the vLLM beside it (DuckDB's default is one thread per core: 15 more on a GPU host)
+STORE_THREADS = 2
 
 
 @dataclass
@@ -95,7 +98,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         prepare_socket_dir(options.socket_path or socket_path_for(options.db))
     except UnsafeSocketPath as e:
         raise ValueError(str(e)) from None
-    store = Store.open(options.db, memory_limit=options.store_memory)
+    store = Store.open(options.db, memory_limit=options.store_memory, threads=STORE_THREADS)
     evaluator = Evaluator(pack, config_for=lambda inst: liveconfig.load_snapshot_at(store, inst, now_ms()) or {})
     budget = CpuBudget(options.cpu_budget, options.interval_s)
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack,

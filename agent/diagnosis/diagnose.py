@@ -9,6 +9,7 @@ from vllm_sentinel.agent.diagnosis.captures import profile_of
 from vllm_sentinel.agent.diagnosis.episodes import link_episodes
 from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
 from vllm_sentinel.agent.diagnosis.summary import health_summary
+from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
 from vllm_sentinel.collectors.timefmt import iso_seconds
@@ -56,8 +57,11 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         "source": source or f"duckdb:{store.path}",
         "instances": seen,
         "incidents": incidents,
-        "summary": [s.as_dict() for s in health_summary(store, start_ms, end_ms, instance)],
     }
+    engine = Engine(store, rollups=True)
+    doc["summary"] = [s.as_dict() for s in health_summary(store, start_ms, end_ms, instance, engine, seen)]
+    # whether the summary's long windows read five-minute rollups (sum and avg equal to rounding) or only samples
+    doc["summary_source"] = "rollups" if engine.rollups_used else "samples"
     plan = getattr(evaluate_window, "plan", None)
     if plan is not None:  # which stretches the daemon's live records answer, and which were replayed
         doc["evaluation"] = plan(store, start_ms, end_ms).as_dict()

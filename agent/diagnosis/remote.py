@@ -149,6 +149,7 @@ def diagnose_remote(engine: RemoteEngine, start_ms: int, end_ms: int, instance: 
         "instances": window.instances,
         "incidents": incidents,
         "summary": [s.as_dict() for s in health],
+        "summary_source": "prometheus",  # answered by its own query engine (a Thanos may read downsampled blocks)
         "config": config_json(configs),
         "step_seconds": window.step_ms / 1000,
     }

@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_sentinel.agent.promql.engine import Engine, PromQLError
 from vllm_sentinel.agent.promql.remote import instant_all, range_all
+from vllm_sentinel.agent.store import rollups
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.events_table import last_scrape_errors
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
@@ -69,7 +70,7 @@ class InstanceSummary:
     series: int
     signals: dict[str, float | None]
     last_error: str | None = None
-    trends: dict[str, list[float | None]] = field(default_factory=dict)  # TREND_POINTS values each
+    trends: dict[str, list[float | None]] = field(default_factory=dict)  # up to TREND_POINTS values each
 
     def as_dict(self) -> dict:
         """JSON-ready form (NaN becomes null)."""
@@ -82,12 +83,16 @@ def _finite(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) or math.isinf(v) else round(v, 6)
 
 
-def health_summary(store: Store, start_ms: int, end_ms: int, instance: str | None = None) -> list[InstanceSummary]:
-    """One InstanceSummary per instance seen in (start_ms, end_ms]."""
-    names = [i for i in instances_with_samples(store, start_ms, end_ms) if instance is None or i == instance]
+def health_summary(store: Store, start_ms: int, end_ms: int, instance: str | None = None,
+                   engine: Engine | None = None, seen: list[str] | None = None) -> list[InstanceSummary]:
+    """One InstanceSummary per instance seen in (start_ms, end_ms] (`seen`, when the caller already listed
+    them); `engine` (default: raw samples only) may read the store's rollups, which its rollups_used then says."""
+    if seen is None:
+        seen = instances_with_samples(store, start_ms, end_ms)
+    names = [i for i in seen if instance is None or i == instance]
     if not names:
         return []
-    return summaries(Engine(store), names, start_ms, end_ms, series_count_by_instance(store),
+    return summaries(engine or Engine(store), names, start_ms, end_ms, series_count_by_instance(store),
                      last_scrape_errors(store, start_ms, end_ms))
 
 
@@ -124,11 +129,19 @@ def _each_or_empty(engine: Any, queries: list[tuple[str, int]]) -> list[Any]:
 
 
 def _trends(engine: Any, start_ms: int, end_ms: int, names: list[str]) -> dict[str, dict[str, list]]:
-    """TREND_POINTS values per signal and instance, each over its own step (None where no data)."""
+    """Up to TREND_POINTS values per signal and instance, each over its own step (None where no data)."""
     step_ms = max(1000, (end_ms - start_ms) // TREND_POINTS)
+    last, points = end_ms, TREND_POINTS
+    if getattr(engine, "rollups", False) and step_ms > rollups.BLOCK_MS:
+        # points on the rollups' block grid, each over whole blocks, so a long window's trend reads rollups
+        # instead of every sample: steps rounded up to whole blocks (fewer points), the last point at the
+        # last block boundary of the window
+        block = rollups.BLOCK_MS
+        step_ms, last = -(-step_ms // block) * block, end_ms // block * block
+        points = max(1, min(TREND_POINTS, (last - start_ms) // step_ms))
     # a rate needs at least two scrapes inside its window; 1 s scrapes make 15 s the smallest useful one
     step_s = max(15, step_ms // 1000)
-    times = [end_ms - (TREND_POINTS - 1 - i) * step_ms for i in range(TREND_POINTS)]
+    times = [last - (points - 1 - i) * step_ms for i in range(points)]
     out: dict[str, dict[str, list]] = {n: {} for n in names}
     keys = list(TRENDS)
     queries = [(TRENDS[k].format(s=step_s), times[0], times[-1], step_ms) for k in keys]

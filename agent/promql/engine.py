@@ -22,6 +22,7 @@ import promql_parser as pp
 
 from vllm_sentinel.agent.promql import functions as fn
 from vllm_sentinel.agent.promql import windows
+from vllm_sentinel.agent.promql import rollup_windows
 from vllm_sentinel.agent.promql.algebra import (COMPARISON, SET_OPS, Str, Vec, absent_labels, aggregate, dedupe,
                                                 drop_name, elem_binop, histogram_quantile, label_replace,
                                                 labels_key, order_sensitive, set_op, vector_binop, vector_scalar)
@@ -91,8 +92,14 @@ class _Ctx:
 class Engine:
     """Evaluates PromQL over a Store at an instant or over a range of steps."""
 
-    def __init__(self, store, lookback_ms: int = 300_000, incremental: bool = False):
+    def __init__(self, store, lookback_ms: int = 300_000, incremental: bool = False, rollups: bool = False):
         self.store = store
+        # rollups: range functions over long windows read the store's five-minute rollups for whole blocks
+        # (rollup_windows.py); sum/avg_over_time then equal the raw answer only to rounding, so rule
+        # evaluation and the promtool differential keep them off. rollups_used says whether any answer did.
+        self.rollups = rollups
+        self.rollups_used = False
+        self._rollup_memo: dict = {}  # windows' pieces for the next queries over the same series and window
         self.lookback_ms = int(lookback_ms)
         # one catalog per store: diagnose's engines (replay, evidence, summary, 16 inferred configs) load it once
         self._catalogs = shared_catalogs(store)
@@ -390,6 +397,16 @@ class Engine:
             raise PromQLError(f"{fname}(): expected a string argument")
         return val.value
 
+    def _rolled(self, name: str, ctx: _Ctx, sids: list[int], offset: int, rng: int):
+        """(rows, steps, values, ok) from rollups when this engine reads them and the window is long; else None."""
+        if not self.rollups or self._windows is not None or name not in rollup_windows.FUNCTIONS \
+                or rng < rollup_windows.MIN_RANGE_MS or not getattr(self.store, "_rolled_until", 0):
+            return None
+        got = rollup_windows.evaluate(name, ctx.cur, self.store, sids, ctx.grid.t_ms - offset, rng, self._rollup_memo)
+        if got is not None:
+            self.rollups_used = True
+        return got
+
     def _range_function(self, name: str, args: list, ctx: _Ctx) -> Vec:
         n = ctx.grid.n
         mi = 1 if name == "quantile_over_time" else 0
@@ -425,6 +442,8 @@ class Engine:
             rows = np.array([row_of[int(s)] for s in res["series_id"]], dtype=np.int64)
             steps = np.asarray(res["step"], dtype=np.int64)
             values, good = _quantile_over_time(res, quantile_q)
+        elif (rolled := self._rolled(name, ctx, sids, offset, rng)) is not None:
+            rows, steps, values, good = rolled
         else:
             found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi) if self._windows is not None
                      else window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi))

@@ -57,20 +57,25 @@ def locate(s: Samples, refs: np.ndarray, range_ms: int) -> Windows:
 
     Example: one series with samples at 0, 1000, 2000 ms, ref 2000, range 1000 -> a=1, b=2.
     """
-    if not len(s.ts):
+    return locate_between(s, refs - range_ms, refs)
+
+
+def locate_between(s: Samples, starts: np.ndarray, ends: np.ndarray) -> Windows:
+    """Windows [starts[k], ends[k]] (both closed) of every series row, for each k (its "step"), empty ones dropped."""
+    if not len(s.ts) or not len(starts):
         empty = np.zeros(0, dtype=np.int64)
         return Windows(empty, empty, empty, empty)
-    lo = min(int(s.ts[0]), int(refs.min()) - range_ms)
-    span = max(int(s.ts.max()), int(refs.max())) - lo + 2
+    lo = min(int(s.ts[0]), int(starts.min()))
+    span = max(int(s.ts.max()), int(ends.max())) - lo + 2
     # one sorted key over all series: rank * span + (ts - lo); a window is a key interval
     key = s.rank * span + (s.ts - lo)
     row_base = (np.arange(len(s.rows), dtype=np.int64) * span)[:, None]
-    lower = row_base + (refs - range_ms - lo)[None, :]
-    upper = row_base + (refs - lo)[None, :]
+    lower = row_base + (starts - lo)[None, :]
+    upper = row_base + np.maximum(ends - lo, starts - lo - 1)[None, :]  # an empty interval stays empty
     a = np.searchsorted(key, lower.ravel(), side="left")
     end = np.searchsorted(key, upper.ravel(), side="right")
     live = np.nonzero(end > a)[0]
-    n_steps = len(refs)
+    n_steps = len(starts)
     return Windows(s.rows[live // n_steps], live % n_steps, a[live], end[live] - 1)
 
 

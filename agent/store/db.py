@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from vllm_sentinel.agent.store import coverage_table, hour_archive
+from vllm_sentinel.agent.store import coverage_table, hour_archive, rollups
 from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
 from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
 from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
@@ -145,14 +145,16 @@ class Store:
         self.missing_archives: list[str] = []  # archive files a partition names but the folder lacks
         self._invalidated: str | None = None  # why DuckDB invalidated the connection; reopened before the next write
         self.writes = WriteLog()  # what changed since a live reader's last read
+        self._rolled_until = 0  # rollups.rolled_until, kept here so a write checks it without a query
         self._load()
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, read_only: bool = False,
-             memory_limit: str | None = DEFAULT_MEMORY_LIMIT) -> "Store":
+             memory_limit: str | None = DEFAULT_MEMORY_LIMIT, threads: int | None = None) -> "Store":
         """Open (and create or migrate, when read-write) the store at `path`; a read-write open bounds
-        DuckDB's memory to `memory_limit` (None: DuckDB's default, 80 % of RAM)."""
+        DuckDB's memory to `memory_limit` (None: DuckDB's default, 80 % of RAM); `threads` bounds DuckDB's
+        worker threads (None: one per core)."""
         path = str(path)
         memory = _memory_setting(memory_limit) if memory_limit and not read_only else None  # before any file is made
         if path != ":memory:" and not read_only:
@@ -167,6 +169,8 @@ class Store:
                 migrate(con)
                 if memory:
                     con.execute(f"SET memory_limit = '{memory}'")
+            if threads:
+                con.execute(f"SET threads = {int(threads)}")
             store = cls(con, path, read_only)
             if not read_only:
                 hour_archive.sweep(store.archive_folder, set(store._archives.values()))
@@ -203,6 +207,7 @@ class Store:
         return view
 
     def _load(self) -> None:
+        self._rolled_until = rollups.rolled_until(self.con)
         rows = self.con.execute("SELECT series_id, instance, metric, labels_text FROM series").fetchall()
         for sid, instance, metric, text in rows:
             self._canonical[(instance, metric, text)] = sid
@@ -317,6 +322,7 @@ class Store:
         lo, hi = min(ts_col, default=0) // HOUR_MS, max(ts_col, default=0) // HOUR_MS
         hours = [lo] if lo == hi else sorted({t // HOUR_MS for t in ts_col})
         con = self.con
+        rolled = None
         try:
             con.execute("BEGIN TRANSACTION")
             for idx in hours:
@@ -337,16 +343,21 @@ class Store:
             for idx in hours:
                 if self._partitions.get(idx):
                     con.execute("UPDATE partitions SET sorted = false WHERE idx = ?", [idx])
+            rolled = rollups.invalidate_from(con, min(ts_col), self._rolled_until) if ts_col else None
             if events:
                 con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
                     (e.ts_ms, e.instance, e.kind, e.labels, e.message) for e in events])
             _stall("append:before_commit")
             con.execute("COMMIT")
+            if rolled is not None:
+                self._rolled_until = rolled
         except duckdb.Error as e:
             if _invalidating(e):
                 # DuckDB stops serving this connection after a fatal error, so reopen before the next write
                 self._invalidated = str(e).splitlines()[0][:200]
                 if _COMMITTED_ANYWAY in str(e):
+                    if rolled is not None:
+                        self._rolled_until = rolled
                     return hours  # only the checkpoint after the commit failed: the tick is in the WAL, stored
             if _unwritable(e) or self._invalidated:
                 raise StoreUnwritable(
@@ -453,6 +464,7 @@ class Store:
                 self._refresh_view()
                 self.con.execute("DELETE FROM events WHERE ts < ?", [cutoff_ms])
                 coverage_table.drop_before(self.con, cutoff_ms)
+                rollups.drop_before(self.con, cutoff_ms)
                 _stall("retention:before_commit")
                 self.con.execute("COMMIT")
             except BaseException:
@@ -519,6 +531,10 @@ class Store:
         if previous is not None:
             hour_archive.remove(self.archive_folder, [previous])
 
+    def roll_up(self, now_ms: int, max_blocks: int = rollups.BLOCKS_PER_ROUND) -> int:
+        """Roll the five-minute blocks that ended ROLL_DELAY_MS before now_ms (at most max_blocks of them)."""
+        return rollups.roll_up(self, now_ms - rollups.ROLL_DELAY_MS, max_blocks)
+
     def _sort_in_place(self, idx: int) -> None:
         """An in-memory store's closed hour, rewritten as a table sorted by (series_id, ts)."""
         name = partition_name(idx)
@@ -554,10 +570,16 @@ class Store:
 
     def time_range(self) -> tuple[int, int] | None:
         """Oldest and newest sample time in the store, or None when empty."""
-        if not self._partitions:
-            return None
-        row = self.cursor().execute("SELECT min(ts), max(ts) FROM samples").fetchone()
-        return None if row[0] is None else (int(row[0]), int(row[1]))
+        # the oldest and the newest partition that hold a sample answer it: a day of them is not scanned
+        cur = self.cursor()
+        ends = []
+        for order, agg in ((sorted(self._partitions), "min"), (sorted(self._partitions, reverse=True), "max")):
+            for idx in order:
+                value = cur.execute(f"SELECT {agg}(ts) FROM ({self._partition_sql(idx)})").fetchall()[0][0]
+                if value is not None:
+                    ends.append(int(value))
+                    break
+        return (ends[0], ends[1]) if len(ends) == 2 else None
 
 
 _EMPTY_SAMPLES = "SELECT NULL::BIGINT AS ts, NULL::UINTEGER AS series_id, NULL::DOUBLE AS value WHERE false"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_sentinel.agent.store import coverage_table
+from vllm_sentinel.agent.store import coverage_table, rollups
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch
@@ -59,6 +59,7 @@ def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: in
     first_skipped: str | None = None
     seen: set[str] = set()
     first = last = None
+    rolled_before = store._rolled_until
     for start in range(0, max(total, 1), CHUNK_LINES):
         chunk = "".join(lines[start:start + CHUNK_LINES])
         parsed = parse(chunk + "# EOF\n" if openmetrics else chunk, openmetrics=openmetrics, strict=False)
@@ -80,6 +81,8 @@ def ingest_text(store: Store, text: str, instance: str | None, default_ts_ms: in
     if first is not None:
         # what a daemon evaluated live before this dump came in did not see it: diagnose replays from here
         coverage_table.clip(store, first)
+        # the dump's blocks rolled up for long windows, and any the store had rolled before it came in
+        rollups.roll_up_all(store, max(rolled_before, last + 1))
     return IngestResult(stored, sorted(seen), first, last, skipped, first_skipped)
 
 

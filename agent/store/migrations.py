@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import duckdb
 
+from vllm_sentinel.agent.store.rollups import TABLES as ROLLUP_TABLES
+
 # One row per process captured (Capture.to_row in collectors/pyspy.py, ProfileCapture.to_row in
 # collectors/profiler.py). Columns: ts in ms since the epoch when the capture started; incident_id NULL for
 # an on-demand capture; role api_server | engine_core | worker | dp_coordinator; kind dump | record |
@@ -87,6 +89,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                start_ms BIGINT NOT NULL,
                end_ms BIGINT NOT NULL)""",
     ]),
+    (7, "five-minute rollups of every series for long windows (agent/store/rollups.py)", ROLLUP_TABLES),
 ]
 
 

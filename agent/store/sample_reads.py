@@ -7,12 +7,30 @@ from typing import Any
 
 import numpy as np
 
+from vllm_sentinel.agent.store import rollups
+
 
 def instances_with_samples(store: Any, start_ms: int, end_ms: int) -> list[str]:
-    """Instances with at least one sample in (start_ms, end_ms], sorted."""
+    """Instances with at least one sample in (start_ms, end_ms], sorted.
+
+    Whole five-minute blocks already rolled up are answered by their rollup rows (a day of samples is
+    not scanned to list 16 names); there a block holding only staleness markers does not count.
+    """
+    block = rollups.BLOCK_MS
+    b1 = (start_ms + 1 + block - 1) // block  # the first block wholly after start_ms
+    b2 = min((end_ms + 1) // block, getattr(store, "_rolled_until", 0) // block)
+    if b2 <= b1:
+        parts = [f"SELECT series_id FROM {store.samples_sql(start_ms, end_ms)} "
+                 f"WHERE ts > {int(start_ms)} AND ts <= {int(end_ms)}"]
+    else:
+        lo, hi = b1 * block, b2 * block
+        parts = [f"SELECT series_id FROM rollups WHERE block >= {int(b1)} AND block < {int(b2)}",
+                 f"SELECT series_id FROM {store.samples_sql(start_ms, lo - 1)} "
+                 f"WHERE ts > {int(start_ms)} AND ts < {int(lo)}",
+                 f"SELECT series_id FROM {store.samples_sql(hi, end_ms)} WHERE ts >= {int(hi)} AND ts <= {int(end_ms)}"]
     rows = store.cursor().execute(
-        f"SELECT DISTINCT s.instance FROM {store.samples_sql(start_ms, end_ms)} x JOIN series s USING (series_id) "
-        "WHERE x.ts > ? AND x.ts <= ? ORDER BY 1", [start_ms, end_ms]).fetchall()
+        f"SELECT DISTINCT s.instance FROM ({' UNION ALL '.join(parts)}) x JOIN series s USING (series_id) "
+        "ORDER BY 1").fetchall()
     return [r[0] for r in rows]
 
 

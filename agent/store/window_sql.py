@@ -79,6 +79,22 @@ def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[
     Example: sids [7, 3] -> the samples of series 3 first (rank 0, row 1), then those of series 7 (rank 1, row 0).
     """
     res = cur.execute(_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)).fetchnumpy()
+    return _ranked(res, sids, lo, hi)
+
+
+def interval_samples(cur: duckdb.DuckDBPyConnection, samples_sql_for, sids: list[int], intervals: list[tuple[int, int]]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """window_samples over several disjoint closed intervals at once; samples_sql_for(lo, hi) names the
+    partitions each one reads (a long window's edges: a few minutes of samples each, not the day between)."""
+    if not intervals:
+        return window_samples(cur, samples_sql_for(0, 0), sids, 0, -1)
+    sql = " UNION ALL ".join(_filtered_samples(samples_sql_for(a, b), sids, a, b, keep_stale=False)
+                             for a, b in intervals)
+    return _ranked(cur.execute(sql).fetchnumpy(), sids, intervals[0][0], max(b for _, b in intervals))
+
+
+def _ranked(res: dict[str, np.ndarray], sids: list[int], lo: int, hi: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     by_sid = np.argsort(np.asarray(sids, dtype=np.int64), kind="stable")
     sorted_sids = np.asarray(sids, dtype=np.int64)[by_sid]
     rank = np.searchsorted(sorted_sids, np.asarray(res["series_id"], dtype=np.int64))

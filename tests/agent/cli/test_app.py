@@ -31,3 +31,17 @@ def test_a_command_imports_only_its_own_module():
     assert "'vllm_sentinel.agent.cli.diagnose'" in loaded
     for other in ("run", "demo", "capacity", "compare"):
         assert f"'vllm_sentinel.agent.cli.{other}'" not in loaded, loaded
+
+
+def test_the_daemon_starts_one_blas_thread_not_one_per_core():
+    # OpenBLAS sizes its pool when NumPy loads; `run` must set the limit before its module imports NumPy
+    code = ("import os, sys; from vllm_sentinel.agent.cli.app import load_command\n"
+            "load_command('run'); assert 'numpy' in sys.modules\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["1", "1"]
+    # an operator's own setting wins
+    env["OPENBLAS_NUM_THREADS"] = "3"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split()[0] == "3"

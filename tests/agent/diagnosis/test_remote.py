@@ -166,6 +166,7 @@ def test_cli_json_contract_and_report_from_prometheus(loaded, tmp_path: Path) ->
     doc = json.loads(done.stdout)
     assert doc["source"] == f"prometheus:{prom.url}" and doc["step_seconds"] == 5
     assert set(doc) >= {"window", "source", "instances", "incidents", "summary"}
+    assert doc["summary_source"] == "prometheus"
     local = diagnose(store, *_cli_window(args), evaluate_window=pack_window_evaluator(load_pack()))
     assert [i["id"] for i in doc["incidents"]] == [i["id"] for i in local["incidents"]]
     kv = next(i for i in doc["incidents"] if i["incident"] == "kv_cache_pressure")

@@ -249,3 +249,10 @@ def test_kill_9_mid_tick_keeps_every_committed_tick(tmp_path):
         ticks, rows = r.con.execute("SELECT count(DISTINCT ts), count(*) FROM samples").fetchone()
     assert ticks >= committed + 1
     assert rows == ticks * 2000  # no half-written tick
+
+
+def test_a_store_opened_for_the_daemon_bounds_duckdbs_threads(tmp_path):
+    from vllm_sentinel.agent.daemon.wiring import STORE_THREADS
+
+    with Store.open(tmp_path / "s.duckdb", threads=STORE_THREADS) as store:
+        assert store.cursor().execute("SELECT current_setting('threads')").fetchone()[0] == STORE_THREADS
