@@ -7,12 +7,12 @@ from collections.abc import Callable
 from vllm_sentinel.agent.alerts.explains import CausalLinks
 from vllm_sentinel.agent.diagnosis.captures import profile_of
 from vllm_sentinel.agent.diagnosis.episodes import link_episodes
-from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
+from vllm_sentinel.agent.diagnosis.incidents import duration_s, stored_incidents
 from vllm_sentinel.agent.diagnosis.summary import health_summary
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
-from vllm_sentinel.collectors.timefmt import iso_seconds
+from vllm_sentinel.collectors.timefmt import iso_seconds, parse_rfc3339_ms
 
 # rules evaluation over a window, wired in by the caller once rules are loaded:
 # (store, start_ms, end_ms, instance) -> incident dicts of the JSON contract
@@ -73,7 +73,8 @@ def merge_incidents(live: list[dict], replayed: list[dict]) -> list[dict]:
 
     Live rows are exact (evaluated every few seconds as data arrived); the replay finds what no
     daemon watched (ingested dumps, other rules). The same rule and labels overlapping in time
-    are one incident: the live row wins.
+    are one incident: the live row wins, ended where the replay shows it ended if the daemon has not
+    yet evaluated that far.
     """
     def key(i: dict) -> tuple:
         return i["rule"], i.get("instance"), tuple(sorted((i.get("labels") or {}).items()))
@@ -81,9 +82,27 @@ def merge_incidents(live: list[dict], replayed: list[dict]) -> list[dict]:
     def span(i: dict) -> tuple[str, str]:
         return i["start"], i.get("end") or "9999"
 
-    out = list(live)
+    merged = [_ended_by_replay(x, [r for r in replayed if key(r) == key(x)]) for x in live]
+    out = list(merged)
     for r in replayed:
-        if not any(key(r) == key(x) and span(r)[0] < span(x)[1] and span(x)[0] < span(r)[1] for x in live):
+        if not any(key(r) == key(x) and span(r)[0] < span(x)[1] and span(x)[0] < span(r)[1] for x in merged):
             out.append(r)
     out.sort(key=lambda i: (i["start"], i["rule"], i["id"]))
     return out
+
+
+def _ended_by_replay(live: dict, same: list[dict]) -> dict:
+    """A live incident still open whose samples, replayed, show it ended: resolved at the replay's end.
+
+    The daemon evaluates every few seconds and may not yet have run the evaluation after recovery (on a
+    starved host that takes a while), while the replay just read every sample through the window's end.
+    It stays open when any overlapping replayed incident is open too (the data shows it firing again).
+    """
+    if live.get("end") is not None:
+        return live
+    after = [r for r in same if (r.get("end") or "9999") > live["start"]]
+    if not after or any(r.get("end") is None for r in after):
+        return live
+    end = max(r["end"] for r in after)
+    return {**live, "end": end, "state": "resolved",
+            "duration_s": duration_s(parse_rfc3339_ms(live["start"]), parse_rfc3339_ms(end))}
