@@ -112,9 +112,27 @@ def running(rig: Rig) -> VllmServer:
     return rig.server
 
 
+def stored_through(rig: Rig, t_ms: int, timeout_s: float = 60.0) -> None:
+    """Wait (at most timeout_s) until the daemon has stored its scrapes up to t_ms: every target collected
+    after it and nothing queued. On the starved 2-core host the writer can lag a minute behind the scrapes,
+    and a question about a window whose last samples are not yet stored is answered without them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "status", "--db", str(rig.db), "--format", "json"],
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode == 0:
+            doc = json.loads(res.stdout)
+            targets = [c for c in doc.get("collectors", []) if c["name"].startswith("vllm ")]
+            if targets and all((c.get("last_ms") or 0) >= t_ms for c in targets) and doc.get("queue") == 0:
+                time.sleep(1)  # the writer's last gather and commit
+                return
+        time.sleep(1)
+
+
 def diagnose(rig: Rig, run: ScenarioRun, source: list[str] | None = None, whole_seconds: bool = False) -> dict:
     """`vllm-sentinel diagnose --format json` over exactly the scenario's window (asks the running daemon,
-    or the `source` given: ['--prometheus', URL])."""
+    or the `source` given: ['--prometheus', URL]), once the daemon has stored it."""
+    stored_through(rig, run.end_ms)
     since = f"{(run.end_ms - run.start_ms) / 1000:.3f}s"
     until = f"{run.end_ms / 1000:.3f}"
     if whole_seconds:  # the window Prometheus' API reads: whole seconds, covering the scenario
@@ -347,6 +365,7 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
     after = scenarios.kv_cache_pressure(rig.server, VERIFY_HOLD_S)
     assert_traffic_served(after)
+    stored_through(rig, after.end_ms)
     res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
                           "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
                           "--until", f"{after.end_ms / 1000:.3f}", "--settle", "10s", "--format", "json"],
