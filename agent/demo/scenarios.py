@@ -253,17 +253,27 @@ def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float
     return out
 
 
-def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40) -> tuple[dict[str, float], int]:
+def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 40,
+                                 wait_s: float = 60.0) -> tuple[dict[str, float], int]:
     """SIGSTOP `pid` at a moment the engine has reported running requests; return the gauges it froze with
     and the time (ms) of that SIGSTOP.
 
     vLLM's gauges change only when the engine reports a step, and requests sent to a frozen engine
     never reach its scheduler: a freeze that lands between two requests shows nothing in flight.
-    So stop, read the gauges the API server now holds for good, and when no request is running,
-    resume for a moment and try again (bounded). The process is left stopped on success, running
-    on failure.
+    So wait, with the engine running, until it reports a running request; then stop, and read the
+    gauges the API server now holds for good. When the request finished just before the stop,
+    resume and wait again (bounded). The engine is never held stopped while waiting: on a starved
+    host, stop-read-resume in a loop froze it most of the time, a stall of its own before the real
+    one (CI: two engine_stall incidents for one freeze). The process is left stopped on success,
+    running on failure.
     """
     for _ in range(attempts):
+        deadline = time.monotonic() + wait_s
+        while engine_gauges(server)["vllm:num_requests_running"] <= 0:
+            if time.monotonic() > deadline:
+                raise ScenarioError(f"EngineCore pid {pid} reported no running request in {wait_s:.0f} s: is "
+                                    f"traffic reaching {server.url}? (log {server.log_path})")
+            time.sleep(0.2)
         os.kill(pid, signal.SIGSTOP)
         stopped_ms = now_ms()
         try:
@@ -275,9 +285,8 @@ def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 4
         if gauges["vllm:num_requests_running"] > 0:
             return gauges, stopped_ms
         os.kill(pid, signal.SIGCONT)
-        time.sleep(0.4)
-    raise ScenarioError(f"EngineCore pid {pid} never had a running request in {attempts} tries: is traffic "
-                        f"reaching {server.url}? (log {server.log_path})")
+    raise ScenarioError(f"EngineCore pid {pid}: each of {attempts} stops landed after its running requests "
+                        f"finished (log {server.log_path})")
 
 
 def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _quiet,
