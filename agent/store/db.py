@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import duckdb
+import numpy as np
 
 from vllm_sentinel.agent.store import coverage_table, hour_archive, rollups
 from vllm_sentinel.agent.store.migrations import MIGRATIONS, migrate, schema_version
-from vllm_sentinel.agent.store.sample_checks import Refusals, Rejected, describe_labels, describe_timestamp, timestamp_ok
+from vllm_sentinel.agent.store.sample_checks import (MAX_TS_MS, MIN_TS_MS, Refusals, Rejected, describe_labels,
+                                                     describe_timestamp, timestamp_ok)
 from vllm_sentinel.agent.store.write_log import EVERYTHING, WriteLog
 from vllm_sentinel.collectors.base import Batch, Event, format_labels
 from vllm_sentinel.collectors.exposition import parse_labels
@@ -263,6 +265,48 @@ class Store:
                 self.writes.note(min(ts_col))
             return len(ts_col)
 
+    def append_columns(self, series: list[tuple[str, str, str, str]], codes: np.ndarray, ts: np.ndarray,
+                       values: np.ndarray) -> int:
+        """Store samples given as columns in one transaction: `series` holds (instance, metric, label text,
+        source name) per distinct series, `codes` each sample's index in it; every time must fit the store.
+
+        The bulk path of a dump's plain lines (`ingest`); a series whose labels the store refuses raises
+        SamplesRejected and nothing is stored."""
+        if self.read_only:
+            raise StoreError(f"{self.path} is open read-only; writes go through the daemon.")
+        if len(ts) and not (MIN_TS_MS <= int(ts.min()) and int(ts.max()) <= MAX_TS_MS):
+            raise ValueError("append_columns takes times inside 1970..2262 only")
+        with self._lock:
+            self._reconnect_if_invalidated()
+            mark = (self._next_id, dict(self._partitions))
+            try:
+                new_series: list = []
+                ids = np.empty(len(series), dtype=np.uint32)
+                refused = Refusals()
+                for i, (instance, metric, text, source) in enumerate(series):
+                    sid = self._series.get((instance, metric, text))
+                    if sid is None:
+                        try:
+                            sid = self._new_series_id(instance, metric, text, source, new_series)
+                        except ValueError as e:
+                            refused.add(0, instance, "labels", describe_labels(metric, text, e))
+                            continue
+                        self._series[(instance, metric, text)] = sid
+                    ids[i] = sid
+                if refused.total:
+                    raise SamplesRejected(refused.all())
+                if not len(ts) and not new_series:
+                    return 0
+                hours = self._write(ts, ids[codes], values, new_series, [])
+            except BaseException:
+                self._undo(*mark)
+                raise
+            for idx in hours:
+                self._partitions[idx] = False
+            if len(ts):
+                self.writes.note(int(ts.min()))
+            return len(ts)
+
     def _columns(self, batches: list[Batch]) -> tuple:
         """The tick as columns, with new series interned; refused samples are counted, not columned."""
         ts_col: list[int] = []
@@ -310,7 +354,8 @@ class Store:
                 layouts[key] = (list(b.metrics), list(b.labels), sid_col[first:])
         return ts_col, sid_col, val_col, new_series, events, refused
 
-    def _write(self, ts_col: list[int], sid_col: list[int], val_col: list[float | None],
+    def _write(self, ts_col: list[int] | np.ndarray, sid_col: list[int] | np.ndarray,
+               val_col: list[float | None] | np.ndarray,
                new_series: list, events: list[Event]) -> list[int]:
         """One transaction: new partitions, new series, the samples, the events; returns the hours written."""
         import pyarrow as pa  # the write path's: a read-only diagnose does not pay its import
@@ -319,8 +364,13 @@ class Store:
             "series_id": pa.array(sid_col, pa.uint32()),
             "value": pa.array(val_col, pa.float64()),
         })
-        lo, hi = min(ts_col, default=0) // HOUR_MS, max(ts_col, default=0) // HOUR_MS
-        hours = [lo] if lo == hi else sorted({t // HOUR_MS for t in ts_col})
+        if isinstance(ts_col, np.ndarray):  # append_columns'
+            first, last = (int(ts_col.min()), int(ts_col.max())) if len(ts_col) else (0, 0)
+            hours = [first // HOUR_MS] if first // HOUR_MS == last // HOUR_MS else np.unique(ts_col // HOUR_MS).tolist()
+        else:
+            first, last = min(ts_col, default=0), max(ts_col, default=0)
+            hours = ([first // HOUR_MS] if first // HOUR_MS == last // HOUR_MS
+                     else sorted({t // HOUR_MS for t in ts_col}))
         con = self.con
         rolled = None
         try:
@@ -343,7 +393,7 @@ class Store:
             for idx in hours:
                 if self._partitions.get(idx):
                     con.execute("UPDATE partitions SET sorted = false WHERE idx = ?", [idx])
-            rolled = rollups.invalidate_from(con, min(ts_col), self._rolled_until) if ts_col else None
+            rolled = rollups.invalidate_from(con, first, self._rolled_until) if len(ts_col) else None
             if events:
                 con.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)", [
                     (e.ts_ms, e.instance, e.kind, e.labels, e.message) for e in events])
