@@ -192,10 +192,17 @@ class GroupEvaluator:
         self.write_alerts = write_alerts
         self.states: dict[int, AlertingRuleState] = {}
         self._previous: dict[int, dict[LabelKey, dict[str, str]]] = {}
+        # ALERTS series of a group's alerting rules go to the sink in one write at the group's end (one
+        # transaction each cost the daemon milliseconds every evaluation), or before a rule that reads them
+        self._pending: list[OutSample] = []
+        self._reads_alerts: set[int] = set()
         for g in self.groups:
             for r in g.rules:
                 if r.is_alert:
                     self.states[id(r)] = AlertingRuleState(r, external_labels, external_url)
+                texts = [r.expr, *r.labels.values(), *r.annotations.values()]
+                if any("ALERTS" in t for t in texts):
+                    self._reads_alerts.add(id(r))
 
     def state(self, rule: Rule) -> AlertingRuleState:
         """The alert state of an alerting rule."""
@@ -206,8 +213,16 @@ class GroupEvaluator:
         results: list[RuleResult] = []
         for g in self.groups:
             for r in g.rules:
+                if self._pending and id(r) in self._reads_alerts:
+                    self._flush(ts_ms)
                 results.append(self._eval_rule(r, g.limit, ts_ms))
+            self._flush(ts_ms)
         return results
+
+    def _flush(self, ts_ms: int) -> None:
+        if self._pending and self.sink is not None:
+            pending, self._pending = self._pending, []
+            self.sink(ts_ms, pending)
 
     def _eval_rule(self, rule: Rule, limit: int, ts_ms: int) -> RuleResult:
         res = RuleResult(rule)
@@ -234,8 +249,10 @@ class GroupEvaluator:
         previous = self._previous.get(id(rule), {})
         stale = [(lbl, None) for key, lbl in previous.items() if key not in returned]
         self._previous[id(rule)] = returned
-        if out or stale:
-            self.sink(ts_ms, out + stale)
+        if rule.is_alert:
+            self._pending.extend(out + stale)
+        elif out or stale:
+            self.sink(ts_ms, out + stale)  # a recording rule's output: the next rule may read it
 
 
 def samples_to_batches(ts_ms: int, samples: list[OutSample]) -> list[Batch]:

@@ -43,6 +43,7 @@ DEFAULT_STEP_MS = 5_000
 # live evaluations at most this far apart are one covered stretch; a sample written this much later than its
 # time is late (the evaluations around its time did not see it) and the coverage is clipped back to it
 COVERAGE_GAP_MS = 15_000
+SAVE_EVERY_MS = 60_000  # an open incident's row is rewritten at least this often (its last value)
 # labels an incident shows separately from its `labels`
 _OWN_LABELS = ("alertname", "incident", "severity", "instance")
 
@@ -157,6 +158,16 @@ class Incident:
     annotations: dict[str, str] = field(default_factory=dict)
     evidence: list[dict] = field(default_factory=list)
     fixes: list[dict] = field(default_factory=list)
+    saved: tuple = field(default=(), repr=False, compare=False)  # what the table last got (see `unsaved`)
+
+    def unsaved(self, now_ms: int) -> bool:
+        """True when the row holds something the table lacks: a new state, peak, annotations, evidence or
+        fixes, or a last value older than SAVE_EVERY_MS; marks it saved."""
+        what = (self.end_ms, self.peak, self.peak_ms, self.annotations, self.evidence, self.fixes)
+        if self.saved and self.saved[0] == what and now_ms - self.saved[1] < SAVE_EVERY_MS:
+            return False
+        self.saved = (what, now_ms)
+        return True
 
     @property
     def id(self) -> str:
@@ -324,6 +335,9 @@ class Evaluator:
         inc.fixes = compute_fixes(inc.rule, self.config_for(inc.labels.get("instance")), values, inc.labels)
 
     def _save(self, store: Any, incidents: list[Incident], now_ms: int) -> None:
+        # an open incident's row changes every evaluation only by its last value: written when something
+        # else changed, and once a minute (an upsert costs the daemon milliseconds every 5 s otherwise)
+        incidents = [i for i in incidents if i.unsaved(now_ms)]
         if not incidents:
             return
         rows = [(i.id, i.labels.get("incident") or i.rule.incident or i.rule.name, i.rule.name,

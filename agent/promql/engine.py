@@ -53,6 +53,7 @@ class Series:
 
 
 
+PARSED_KEEP = 2048  # parsed expressions an engine keeps (a rule pack and its evidence: a few hundred)
 # instant queries of one expression at times this close share one read of their windows (instant_many)
 SHARED_READ_MS = 900_000
 
@@ -111,11 +112,21 @@ class Engine:
         # order series arrive in (Prometheus' own order is Go map iteration order, i.e. random)
         self._check_order = False
         self._order_sensitive = False
+        self._parsed: dict[str, pp.Expr] = {}  # the daemon asks the same expressions every few seconds
+
+    def _parse(self, expr: str) -> pp.Expr:
+        """The expression's tree, parsed once per engine (the evaluator never changes a tree)."""
+        node = self._parsed.get(expr)
+        if node is None:
+            if len(self._parsed) >= PARSED_KEEP:
+                self._parsed.clear()
+            node = self._parsed[expr] = parse(expr)
+        return node
 
     # -- public API ---------------------------------------------------------------------------
     def instant(self, expr: str, t_ms: int) -> list[Sample] | float | list[Series]:
         """Evaluate at one time: a vector (list of Sample), a scalar (float), or a matrix (list of Series)."""
-        node = parse(expr)
+        node = self._parse(expr)
         cur = self.store.cursor()
         try:
             self._catalog = self._catalogs.current(cur, self._series_version())
@@ -140,7 +151,7 @@ class Engine:
         for i, (expr, _t) in enumerate(queries):
             by_expr.setdefault(expr, []).append(i)
         for expr, asked in by_expr.items():
-            node = parse(expr)
+            node = self._parse(expr)
             if len(asked) == 1 or isinstance(_unwrap(node), pp.MatrixSelector):
                 for i in asked:
                     out[i] = self.instant(expr, queries[i][1])
@@ -160,7 +171,7 @@ class Engine:
             raise PromQLError(f"step must be positive, got {step_ms} ms")
         if end_ms < start_ms:
             raise PromQLError(f"range end {end_ms} is before its start {start_ms}")
-        node = parse(expr)
+        node = self._parse(expr)
         if isinstance(_unwrap(node), (pp.MatrixSelector, pp.SubqueryExpr)):
             raise PromQLError("invalid expression type \"range vector\" for range query, "
                               "must be Scalar or instant Vector")

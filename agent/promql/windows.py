@@ -141,9 +141,47 @@ def _kahan_sums(s: Samples, w: Windows, k: int, terms, ref: np.ndarray | None = 
     return out
 
 
+# at most this many windows are folded one by one in Python floats: an instant query's few long windows
+# (the daemon's rules) would otherwise pay numpy's per-call cost once per sample position
+SCALAR_WINDOWS = 8
+
+
+def _kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    """fn.kahan_inc for one float."""
+    t = total + inc
+    return t, c + ((total - t) + inc if abs(total) >= abs(inc) else (inc - t) + total)
+
+
+def _fold_one(name: str, values: list[float]) -> float:
+    """_sequential's fold of one window, in Python floats (the same operations in the same order)."""
+    mean = c = aux = c_aux = 0.0
+    count = 0.0
+    for v in values:
+        count += 1.0
+        if name == "avg_over_time":
+            if math.isinf(mean) and ((math.isinf(v) and (mean > 0) == (v > 0)) or (not math.isinf(v)
+                                                                                   and v == v)):
+                continue
+            mean, c = _kahan_inc(v / count - mean / count, mean, c)
+        else:
+            delta = v - (mean + c)
+            mean, c = _kahan_inc(delta / count, mean, c)
+            aux, c_aux = _kahan_inc(delta * (v - (mean + c)), aux, c_aux)
+    if name == "avg_over_time":
+        return mean if math.isinf(mean) else mean + c
+    var = (aux + c_aux) / count
+    if name == "stddev_over_time":
+        with np.errstate(invalid="ignore"):
+            return float(np.sqrt(var))  # numpy's, for the same NaN below zero as the vectorised fold
+    return var
+
+
 def _sequential(name: str, s: Samples, w: Windows) -> np.ndarray:
     """avg/stddev/stdvar_over_time as Prometheus 2.42 folds them: Kahan-compensated, in time order."""
     n = w.n
+    if len(n) <= SCALAR_WINDOWS:
+        return np.array([_fold_one(name, s.val[a:a + k].tolist()) for a, k in zip(w.a.tolist(), n.tolist())],
+                        dtype=np.float64)
     order, live = _live_order(n)
     a = w.a[order]
     m = len(n)

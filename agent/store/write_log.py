@@ -43,4 +43,9 @@ class WriteLog:
                 return None
             if not self._log or self._log[0][0] > mark + 1:
                 return EVERYTHING  # the log no longer reaches back to that mark
-            return min(ts for seq, ts in self._log if seq > mark)
+            oldest = None
+            for seq, ts in reversed(self._log):  # newest first: only the writes since the mark are read
+                if seq <= mark:
+                    break
+                oldest = ts if oldest is None else min(oldest, ts)
+            return oldest

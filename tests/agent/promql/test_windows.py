@@ -49,3 +49,26 @@ def test_deriv_of_a_constant_is_zero_and_of_a_line_its_slope():
     s = _samples([[(t * 1000, 7.0) for t in range(5)], [(t * 1000, 2.0 * t) for t in range(5)]])
     got = _run("deriv", s, [4000], 4000)
     assert got == {(0, 0): 0.0, (1, 0): 2.0}
+
+
+def test_few_windows_fold_in_python_floats_exactly_as_many_fold_in_numpy(monkeypatch):
+    # the live evaluator asks instant queries: a few long windows, folded one by one in Python floats;
+    # range queries fold many windows at once in numpy. Both must give the same bits, inf and NaN included.
+    rng = np.random.default_rng(7)
+    special = [math.inf, -math.inf, math.nan, 1e308, -1e308, 0.0, -0.0]
+    series = []
+    for r in range(6):
+        vals = rng.normal(0, 10.0 ** rng.integers(-3, 12), size=40 + r * 37)
+        if r >= 3:
+            vals[rng.integers(0, len(vals), size=5)] = rng.choice(special, size=5)
+        series.append([(t * 1000, float(v)) for t, v in enumerate(vals)])
+    s = _samples(series)
+    refs = [39_000, 100_000, 230_000]
+    for name in ("avg_over_time", "stddev_over_time", "stdvar_over_time"):
+        monkeypatch.setattr(windows, "SCALAR_WINDOWS", 0)
+        many = _run(name, s, refs, 60_000)
+        monkeypatch.setattr(windows, "SCALAR_WINDOWS", 10**9)
+        few = _run(name, s, refs, 60_000)
+        assert many.keys() == few.keys() and len(many) > 10
+        for k in many:
+            assert np.float64(many[k]).tobytes() == np.float64(few[k]).tobytes(), (name, k, many[k], few[k])
