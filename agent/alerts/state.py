@@ -192,8 +192,9 @@ class GroupEvaluator:
         self.write_alerts = write_alerts
         self.states: dict[int, AlertingRuleState] = {}
         self._previous: dict[int, dict[LabelKey, dict[str, str]]] = {}
-        # ALERTS series of a group's alerting rules go to the sink in one write at the group's end (one
-        # transaction each cost the daemon milliseconds every evaluation), or before a rule that reads them
+        # ALERTS series of the alerting rules go to the sink in one write once every group is evaluated (one
+        # transaction each cost the daemon milliseconds every evaluation), or before a rule that reads them;
+        # Prometheus evaluates groups apart, so no group may count on another's output of the same moment
         self._pending: list[OutSample] = []
         self._reads_alerts: set[int] = set()
         for g in self.groups:
@@ -216,7 +217,7 @@ class GroupEvaluator:
                 if self._pending and id(r) in self._reads_alerts:
                     self._flush(ts_ms)
                 results.append(self._eval_rule(r, g.limit, ts_ms))
-            self._flush(ts_ms)
+        self._flush(ts_ms)
         return results
 
     def _flush(self, ts_ms: int) -> None:
