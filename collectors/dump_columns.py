@@ -99,7 +99,8 @@ def timed_columns(chunk: bytes, openmetrics: bool, max_ms: int) -> TimedColumns:
     value_arr = pc.cast(values.filter(good), pa.float64()).to_numpy(zero_copy_only=False)
     if openmetrics:  # float seconds, as parse reads them: x * 1000, rounded half to even
         secs = pc.cast(stamps.filter(good), pa.float64()).to_numpy(zero_copy_only=False)
-        ms = secs * 1000.0
+        with np.errstate(over="ignore", invalid="ignore"):  # 1e308 seconds: inf, outside, named per line
+            ms = secs * 1000.0
         inside = np.isfinite(ms) & (ms >= 0) & (ms <= max_ms)
         stamp_arr = np.rint(np.where(inside, ms, 0)).astype(np.int64)
     else:

@@ -215,7 +215,16 @@ def test_healthy_light_load_fires_nothing(rig: Rig, record_property: Callable[[s
     assert doc["incidents"] == [], [(i["incident"], i["summary"]) for i in doc["incidents"]]
 
 
+# capacity's default bin: the load step into queue_blocking falls on a bin edge (see test_capacity_...)
+CAPACITY_BIN_S = 30
+
+
 def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    # A bin holding the step from light load to 32 clients is placed by its mean completion rate (low) while
+    # its inter-token histogram is mostly the queue's tokens (CI: a 0-2.5/s level of 87 requests, of which
+    # the light load made some 50, missed the TPOT objective). Starting the flood just after a bin edge keeps
+    # each bin one load level; the README names the limitation.
+    time.sleep(CAPACITY_BIN_S - time.time() % CAPACITY_BIN_S + 0.5)
     run, doc = diagnosed(rig, record_property, scenarios.queue_blocking)
     found = assert_labelled_with_fix(doc, run)
     assert_traffic_served(run)
@@ -307,7 +316,8 @@ def test_capacity_over_the_recorded_history(rig: Rig, record_property: Callable[
     # bins are 30 s of counters, the generator's rate its own span: within a quarter of each other
     assert cov["request_rate_min_per_s"] <= 1.25 * healthy and cov["request_rate_max_per_s"] >= 0.8 * queued, cov
     assert "covers" in cov["statement"] and "nothing above that was observed" in cov["statement"], cov
-    assert slo is not None, doc["levels"]
+    assert slo is not None, [(lv["band_per_s"], lv["requests"], lv["ttft_p95_seconds"], lv["tpot_p95_seconds"])
+                             for lv in doc["levels"]]
     assert cov["request_rate_min_per_s"] <= slo["request_rate_per_s"] <= cov["request_rate_max_per_s"], (slo, cov)
     assert slo["request_rate_per_s"] >= 0.5 * healthy, (slo, healthy)  # light load met the objectives
     assert slo["ttft_p95_seconds"] <= doc["objectives"]["ttft_p95_seconds"], slo
