@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=12, help="history written before the measured evaluations")
     ap.add_argument("--evaluations", type=int, default=24)
     ap.add_argument("--profile", type=int, default=0, help="print this many functions by cumulative time")
+    ap.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"],
+                    help="order of the --profile listing (tottime: time inside the function itself)")
     a = ap.parse_args()
     payloads = advancing_payloads(PAYLOAD.read_text(), 120)
     shapes: dict = {}
@@ -66,7 +68,7 @@ def main() -> None:
               f"rule pack evaluated {a.evaluations} times 5 s apart, CPU per evaluation median "
               f"{statistics.median(cpu) * 1000:.1f} ms, max {max(cpu) * 1000:.1f} ms; peak RSS {peak:.0f} MiB")
         if prof:
-            pstats.Stats(prof).sort_stats("cumulative").print_stats(a.profile)
+            pstats.Stats(prof).sort_stats(a.sort).print_stats(a.profile)
 
 
 if __name__ == "__main__":

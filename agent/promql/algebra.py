@@ -18,6 +18,7 @@ import numpy as np
 import promql_parser as pp
 
 from vllm_sentinel.agent.promql import functions as fn
+from vllm_sentinel.agent.promql.keymemo import MEMO
 from vllm_sentinel.agent.promql.parser import PromQLError, Unsupported, matchers_of
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: hashable label set
@@ -60,6 +61,11 @@ def drop_name(key: Labels) -> Labels:
     return tuple(kv for kv in key if kv[0] != "__name__")
 
 
+def drop_names(keys) -> tuple[Labels, ...]:
+    """drop_name of every key, remembered for a key tuple."""
+    return MEMO.get(keys, "drop_name", lambda: tuple(drop_name(k) for k in keys))
+
+
 def elem_binop(op: str, lv: np.ndarray, rv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Value and keep-mask of `lv op rv`, as Prometheus' vectorElemBinop (comparisons keep lhs)."""
     with np.errstate(all="ignore"):
@@ -88,11 +94,11 @@ def dedupe(vec: Vec, whole_series: bool) -> Vec:
     whole_series: Prometheus checks range-function and unary-minus results over the whole range,
     other results step by step.
     """
+    if not MEMO.get(vec.keys, "duplicates", lambda: len(set(vec.keys)) != len(vec.keys)):
+        return vec
     groups: dict[Labels, list[int]] = {}
     for i, k in enumerate(vec.keys):
         groups.setdefault(k, []).append(i)
-    if len(groups) == len(vec.keys):
-        return vec
     keys, vs, oks = [], [], []
     for k, rows in groups.items():
         if len(rows) == 1:
@@ -126,8 +132,13 @@ def vector_scalar(op: str, vec: Vec, s: np.ndarray, swap: bool, return_bool: boo
         ok &= keep
     keys = vec.keys
     if op in ARITH or return_bool:
-        keys = [drop_name(k) for k in keys]
+        keys = drop_names(keys)
     return dedupe(Vec(keys, np.array(value, dtype=np.float64), ok), whole_series=False)
+
+
+def _signatures(keys, on: bool, names: list[str]) -> tuple[tuple, ...]:
+    """_signature of every key, remembered for a key tuple."""
+    return MEMO.get(keys, ("signature", on, tuple(names)), lambda: tuple(_signature(k, on, names) for k in keys))
 
 
 def _signature(key: Labels, on: bool, names: list[str]) -> tuple:
@@ -144,8 +155,7 @@ def set_op(op: str, lhs: Vec, rhs: Vec, on: bool, names: list[str]) -> Vec:
 
     def presence(vec: Vec) -> dict[tuple, np.ndarray]:
         out: dict[tuple, np.ndarray] = {}
-        for i, k in enumerate(vec.keys):
-            sig = _signature(k, on, names)
+        for i, sig in enumerate(_signatures(vec.keys, on, names)):
             out[sig] = out[sig] | vec.ok[i] if sig in out else vec.ok[i].copy()
         return out
 
@@ -153,14 +163,14 @@ def set_op(op: str, lhs: Vec, rhs: Vec, on: bool, names: list[str]) -> Vec:
     if op in ("and", "unless"):
         right = presence(rhs)
         ok = lhs.ok.copy()
-        for i, k in enumerate(lhs.keys):
-            there = right.get(_signature(k, on, names), none)
+        for i, sig in enumerate(_signatures(lhs.keys, on, names)):
+            there = right.get(sig, none)
             ok[i] &= there if op == "and" else ~there
-        return Vec(list(lhs.keys), lhs.v.copy(), ok)
+        return Vec(lhs.keys, lhs.v.copy(), ok)
     left = presence(lhs)
     r_ok = rhs.ok.copy()
-    for j, k in enumerate(rhs.keys):
-        r_ok[j] &= ~left.get(_signature(k, on, names), none)
+    for j, sig in enumerate(_signatures(rhs.keys, on, names)):
+        r_ok[j] &= ~left.get(sig, none)
     return dedupe(Vec(list(lhs.keys) + list(rhs.keys), np.vstack([lhs.v, rhs.v]),
                         np.vstack([lhs.ok, r_ok])), whole_series=False)
 
@@ -195,8 +205,8 @@ def vector_binop(op: str, lhs: Vec, rhs: Vec, card, on: bool, names: list[str], 
     if not len(many.keys) or not len(one.keys):
         return Vec.empty(n)
     one_groups: dict[tuple, list[int]] = {}
-    for j, k in enumerate(one.keys):
-        one_groups.setdefault(_signature(k, on, names), []).append(j)
+    for j, sig in enumerate(_signatures(one.keys, on, names)):
+        one_groups.setdefault(sig, []).append(j)
     any_many = many.ok.any(axis=0)
     for sig, rows in one_groups.items():
         if len(rows) > 1 and ((one.ok[rows].sum(axis=0) > 1) & any_many).any():
@@ -205,8 +215,7 @@ def vector_binop(op: str, lhs: Vec, rhs: Vec, card, on: bool, names: list[str], 
                               "of the operation; many-to-many matching not allowed: matching labels must be "
                               "unique on one side")
     keys, vs, oks, sigs = [], [], [], []
-    for i, k in enumerate(many.keys):
-        sig = _signature(k, on, names)
+    for i, (k, sig) in enumerate(zip(many.keys, _signatures(many.keys, on, names))):
         for j in one_groups.get(sig, ()):
             m = many.ok[i] & one.ok[j]
             if not m.any():
@@ -278,14 +287,11 @@ def _group_key(key: Labels, grouping: tuple[str, ...], without: bool) -> Labels:
 
 def aggregate(op: str, vec: Vec, param, grouping: list[str], without: bool, n: int) -> Vec:
     """`op by|without (grouping) (vec)`: sum, count, group, avg, min, max, stddev, stdvar, quantile, topk, bottomk."""
-    groups: dict[Labels, list[int]] = {}
-    grouping_t = tuple(grouping)
-    for i, k in enumerate(vec.keys):
-        groups.setdefault(_group_key(k, grouping_t, without), []).append(i)
+    groups, gidx, group_keys = _grouped(vec.keys, tuple(grouping), without)
     if op in ("topk", "bottomk"):
         return _topk(op, vec, groups, param, n)
     if op in ("sum", "count", "group"):
-        return _sum_count(op, vec, groups, n)
+        return _sum_count(op, vec, groups, gidx, group_keys, n)
     keys, vs, oks = [], [], []
     with np.errstate(all="ignore"):  # once, not per group: entering it costs more than a small group's sum
         for gkey, rows in groups.items():
@@ -306,10 +312,26 @@ def aggregate(op: str, vec: Vec, param, grouping: list[str], without: bool, n: i
             oks.append(present)
     if not keys:
         return Vec.empty(n)
-    return Vec(keys, np.array(vs), np.array(oks, dtype=bool))
+    return Vec(group_keys if len(keys) == len(group_keys) else keys, np.array(vs), np.array(oks, dtype=bool))
 
 
-def _sum_count(op: str, vec: Vec, groups: dict[Labels, list[int]], n: int) -> Vec:
+def _grouped(keys, grouping: tuple[str, ...], without: bool
+             ) -> tuple[dict[Labels, list[int]], np.ndarray, tuple[Labels, ...]]:
+    """The rows of each group (in first-seen order), each row's group number, and the groups' keys."""
+    def build():
+        groups: dict[Labels, list[int]] = {}
+        for i, k in enumerate(keys):
+            groups.setdefault(_group_key(k, grouping, without), []).append(i)
+        gidx = np.empty(len(keys), dtype=np.int64)
+        for g, rows in enumerate(groups.values()):
+            gidx[rows] = g
+        gidx.flags.writeable = False  # remembered: shared by later evaluations
+        return groups, gidx, tuple(groups)
+    return MEMO.get(keys, ("group", grouping, without), build)
+
+
+def _sum_count(op: str, vec: Vec, groups: dict[Labels, list[int]], gidx: np.ndarray,
+               group_keys: tuple[Labels, ...], n: int) -> Vec:
     """sum, count and group of every group at once: each group's series added one by one in input order.
 
     np.add.at adds row after row, as Prometheus does; a plain `.sum(axis=0)` of one step's column
@@ -317,9 +339,6 @@ def _sum_count(op: str, vec: Vec, groups: dict[Labels, list[int]], n: int) -> Ve
     """
     if not groups:
         return Vec.empty(n)
-    gidx = np.empty(len(vec.keys), dtype=np.int64)
-    for g, rows in enumerate(groups.values()):
-        gidx[rows] = g
     counts = np.zeros((len(groups), n), dtype=np.int64)
     np.add.at(counts, gidx, vec.ok)
     if op == "sum":
@@ -332,7 +351,7 @@ def _sum_count(op: str, vec: Vec, groups: dict[Labels, list[int]], n: int) -> Ve
         out = np.ones((len(groups), n))
     present = counts > 0
     live = present.any(axis=1)
-    keys = list(groups)
+    keys = group_keys
     if not live.all():
         keys = [k for k, keep in zip(keys, live) if keep]
         out, present = out[live], present[live]
@@ -396,7 +415,7 @@ def _topk(op: str, vec: Vec, groups: dict[Labels, list[int]], param: np.ndarray,
             order = np.lexsort((-vals if op == "topk" else vals, nan))
             for r in np.asarray(live)[order[:k]]:
                 ok[r, t] = True
-    return Vec(list(vec.keys), vec.v.copy(), ok)
+    return Vec(vec.keys, vec.v.copy(), ok)
 
 
 def _parse_le(text: str | None) -> float | None:
@@ -412,17 +431,9 @@ def _parse_le(text: str | None) -> float | None:
 def histogram_quantile(q: np.ndarray, vec: Vec) -> Vec:
     """histogram_quantile(q, vec) over classic `le` buckets, one result per bucket set."""
     n = vec.v.shape[1]
-    groups: dict[Labels, list[tuple[float, int]]] = {}
-    for i, k in enumerate(vec.keys):
-        le = _parse_le(dict(k).get("le"))
-        if le is None:
-            continue
-        sig = tuple(kv for kv in k if kv[0] != "le")  # the metric name stays in the grouping
-        groups.setdefault(sig, []).append((le, i))
+    bucket_sets, set_keys = MEMO.get(vec.keys, "buckets", lambda: _bucket_sets(vec.keys))
     keys, vs, oks = [], [], []
-    for sig, members in groups.items():
-        bounds = np.array([b for b, _ in members])
-        rows = [i for _, i in members]
+    for key, bounds, rows in bucket_sets:
         P, V = vec.ok[rows], vec.v[rows]
         present = P.any(axis=0)
         out = np.full(n, math.nan)
@@ -437,12 +448,29 @@ def histogram_quantile(q: np.ndarray, vec: Vec) -> Vec:
                 continue
             cols = np.asarray(steps)
             out[cols] = fn.bucket_quantile_steps(q[cols], bounds[mask], V[mask][:, cols])
-        keys.append(tuple(kv for kv in sig if kv[0] != "__name__"))
+        keys.append(key)
         vs.append(out)
         oks.append(present)
     if not keys:
         return Vec.empty(n)
-    return dedupe(Vec(keys, np.array(vs), np.array(oks, dtype=bool)), whole_series=False)
+    return dedupe(Vec(set_keys, np.array(vs), np.array(oks, dtype=bool)), whole_series=False)
+
+
+def _bucket_sets(keys) -> tuple[list[tuple[Labels, np.ndarray, list[int]]], tuple[Labels, ...]]:
+    """Each bucket set's result key, `le` bounds and rows, and all the result keys."""
+    groups: dict[Labels, list[tuple[float, int]]] = {}
+    for i, k in enumerate(keys):
+        le = _parse_le(dict(k).get("le"))
+        if le is None:
+            continue
+        sig = tuple(kv for kv in k if kv[0] != "le")  # the metric name stays in the grouping
+        groups.setdefault(sig, []).append((le, i))
+    sets = []
+    for sig, members in groups.items():
+        bounds = np.array([b for b, _ in members])
+        bounds.flags.writeable = False  # remembered: shared by later evaluations
+        sets.append((tuple(kv for kv in sig if kv[0] != "__name__"), bounds, [i for _, i in members]))
+    return sets, tuple(key for key, _, _ in sets)
 
 
 def absent_labels(node: pp.Expr) -> Labels:

@@ -15,6 +15,9 @@ from vllm_sentinel.agent.promql.parser import PromQLError
 from vllm_sentinel.agent.store import series_table
 
 
+KEY_TUPLES = 4096  # selectors whose key tuples a catalog keeps (a rule pack has a few hundred)
+
+
 class Catalog:
     """The store's series table at one version, as label dicts; selector results and label keys cached.
 
@@ -30,6 +33,7 @@ class Catalog:
         self._by_name: dict[str, list[int]] = ({k: list(v) for k, v in base._by_name.items()} if base else {})
         self._keys: dict[tuple[int, bool], tuple] = dict(base._keys) if base else {}
         self._match_cache: dict[tuple, list[int]] = {}
+        self._key_tuples: dict[tuple[int, bool], tuple[list[int], tuple]] = {}
         self._regex: dict[str, re.Pattern] = dict(base._regex) if base else {}
 
     def _add(self, rows) -> None:
@@ -42,8 +46,16 @@ class Catalog:
             self.sids.append(int(sid))
             self.labels.append(d)
 
-    def keys(self, idx: list[int], keep_name: bool) -> list:
-        """The label keys of these series (without __name__ unless keep_name), computed once per series."""
+    def keys(self, idx: list[int], keep_name: bool) -> tuple:
+        """The label keys of these series (without __name__ unless keep_name), computed once per series.
+
+        The same selector's idx (select's remembered list) gets the same tuple back every time, so work
+        done on its keys is remembered by identity (keymemo.py).
+        """
+        slot = (id(idx), keep_name)
+        hit = self._key_tuples.get(slot)
+        if hit is not None and hit[0] is idx:
+            return hit[1]
         cache = self._keys
         out = []
         for i in idx:
@@ -52,7 +64,10 @@ class Catalog:
                 got = labels_key(self.labels[i])
                 got = cache[(i, keep_name)] = got if keep_name else drop_name(got)
             out.append(got)
-        return out
+        keys = tuple(out)
+        if len(self._key_tuples) < KEY_TUPLES:
+            self._key_tuples[slot] = (idx, keys)  # idx held: its id is not reused while remembered
+        return keys
 
     def _re(self, pattern: str) -> re.Pattern:
         rx = self._regex.get(pattern)

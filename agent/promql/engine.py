@@ -24,7 +24,7 @@ from vllm_sentinel.agent.promql import functions as fn
 from vllm_sentinel.agent.promql import windows
 from vllm_sentinel.agent.promql import rollup_windows
 from vllm_sentinel.agent.promql.algebra import (COMPARISON, SET_OPS, Str, Vec, absent_labels, aggregate, dedupe,
-                                                drop_name, elem_binop, histogram_quantile, label_replace,
+                                                drop_names, elem_binop, histogram_quantile, label_replace,
                                                 labels_key, order_sensitive, set_op, vector_binop, vector_scalar)
 from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_at, duration_ms, matchers_of,
                                                op_name, parse)
@@ -225,7 +225,7 @@ class Engine:
             val = self._eval(node.expr, ctx)
             if isinstance(val, np.ndarray):
                 return -val
-            return dedupe(Vec([drop_name(k) for k in val.keys], -val.v, val.ok), whole_series=True)
+            return dedupe(Vec(drop_names(val.keys), -val.v, val.ok), whole_series=True)
         if isinstance(node, pp.BinaryExpr):
             return self._binary(node, ctx)
         if isinstance(node, pp.AggregateExpr):
@@ -248,8 +248,12 @@ class Engine:
         offset = duration_ms(sel.offset)
         lo = int(ctx.grid.t_ms.min()) - offset - self.lookback_ms
         hi = int(ctx.grid.t_ms.max()) - offset
-        res = window_sql.instant_lookup(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid.t_ms - offset,
-                                        self.lookback_ms)
+        if self._windows is not None:  # the daemon's rules: the lookback kept and topped up, not scanned again
+            res = self._windows.instant_lookup(ctx.cur, self.store, sids, ctx.grid.t_ms - offset, self.lookback_ms,
+                                               offset)
+        else:
+            res = window_sql.instant_lookup(ctx.cur, self.store.samples_sql(lo, hi), sids, ctx.grid.t_ms - offset,
+                                            self.lookback_ms)
         row_of = {sid: r for r, sid in enumerate(sids)}
         v = np.zeros((len(sids), n))
         ok = np.zeros((len(sids), n), dtype=bool)
@@ -349,7 +353,7 @@ class Engine:
             vec = self._vector_arg(args[0], ctx, name)
             with np.errstate(all="ignore"):
                 out = fn.SIMPLE_MATH[name](vec.v)
-            return dedupe(Vec([drop_name(k) for k in vec.keys], out, vec.ok), whole_series=False)
+            return dedupe(Vec(drop_names(vec.keys), out, vec.ok), whole_series=False)
         if name in ("clamp", "clamp_min", "clamp_max"):
             vec = self._vector_arg(args[0], ctx, name)
             ok = vec.ok.copy()
@@ -362,11 +366,11 @@ class Engine:
                     out = np.maximum(self._scalar_arg(args[1], ctx, name), vec.v)
                 else:
                     out = np.minimum(self._scalar_arg(args[1], ctx, name), vec.v)
-            return dedupe(Vec([drop_name(k) for k in vec.keys], out, ok), whole_series=False)
+            return dedupe(Vec(drop_names(vec.keys), out, ok), whole_series=False)
         if name == "round":
             vec = self._vector_arg(args[0], ctx, name)
             to = self._scalar_arg(args[1], ctx, name) if len(args) > 1 else np.ones(n)
-            return dedupe(Vec([drop_name(k) for k in vec.keys], fn.go_round(vec.v, to), vec.ok),
+            return dedupe(Vec(drop_names(vec.keys), fn.go_round(vec.v, to), vec.ok),
                            whole_series=False)
         if name in ("sort", "sort_desc"):
             return self._vector_arg(args[0], ctx, name)  # results are returned sorted by labels anyway
@@ -377,7 +381,7 @@ class Engine:
                 out = vec.ts.astype(np.float64) / 1000
             else:
                 out = np.broadcast_to(ctx.grid.t_ms.astype(np.float64) / 1000, vec.v.shape).copy()
-            return dedupe(Vec([drop_name(k) for k in vec.keys], out, vec.ok), whole_series=False)
+            return dedupe(Vec(drop_names(vec.keys), out, vec.ok), whole_series=False)
         if name == "absent":
             vec = self._vector_arg(args[0], ctx, name)
             missing = ~vec.ok.any(axis=0) if len(vec.keys) else np.ones(n, dtype=bool)
@@ -456,7 +460,7 @@ class Engine:
         elif (rolled := self._rolled(name, ctx, sids, offset, rng)) is not None:
             rows, steps, values, good = rolled
         else:
-            found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi) if self._windows is not None
+            found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi, offset) if self._windows is not None
                      else window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi))
             samples = windows.Samples(*found)
             ref = ctx.grid.t_ms - offset

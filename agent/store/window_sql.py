@@ -17,6 +17,25 @@ import numpy as np
 
 _names = itertools.count()
 
+# a staleness marker (the store's NULL value) among read values: Prometheus' own stale NaN bit pattern,
+# which no arithmetic produces, so a window that keeps markers still holds plain float64 values
+STALE_BITS = np.uint64(0x7FF0000000000002)
+STALE_NAN = np.array([STALE_BITS], dtype=np.uint64).view(np.float64)[0]
+
+
+def is_stale(values: np.ndarray) -> np.ndarray:
+    """True where a value read with its staleness markers kept is a marker."""
+    return np.asarray(values, dtype=np.float64).view(np.uint64) == STALE_BITS
+
+
+def _values(col) -> np.ndarray:
+    """A fetched value column as float64, NULL (a staleness marker) as STALE_NAN."""
+    if isinstance(col, np.ma.MaskedArray):
+        out = np.array(col.data, dtype=np.float64)
+        out[np.ma.getmaskarray(col)] = STALE_NAN
+        return out
+    return np.asarray(col, dtype=np.float64)
+
 
 def _register(cur: duckdb.DuckDBPyConnection, columns: dict[str, np.ndarray]) -> str:
     # DuckDB scans a dict of NumPy arrays in place (no pyarrow import on the read path)
@@ -72,13 +91,14 @@ _WINDOW_AGGS: dict[str, list[str]] = {
 
 
 def window_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], lo: int,
-                   hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   hi: int, keep_stale: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Non-stale samples of the series in [lo, hi] as (rank, ts, value, rows), sorted by (rank, ts):
-    rank orders the series by id, and series of rank r is sids[rows[r]].
+    rank orders the series by id, and series of rank r is sids[rows[r]]. keep_stale: staleness markers
+    too, as STALE_NAN values (what an instant lookup needs to see).
 
     Example: sids [7, 3] -> the samples of series 3 first (rank 0, row 1), then those of series 7 (rank 1, row 0).
     """
-    res = cur.execute(_filtered_samples(samples_sql, sids, lo, hi, keep_stale=False)).fetchnumpy()
+    res = cur.execute(_filtered_samples(samples_sql, sids, lo, hi, keep_stale=keep_stale)).fetchnumpy()
     return _ranked(res, sids, lo, hi)
 
 
@@ -99,7 +119,7 @@ def _ranked(res: dict[str, np.ndarray], sids: list[int], lo: int, hi: int
     sorted_sids = np.asarray(sids, dtype=np.int64)[by_sid]
     rank = np.searchsorted(sorted_sids, np.asarray(res["series_id"], dtype=np.int64))
     ts = np.asarray(res["ts"], dtype=np.int64)
-    val = np.asarray(res["value"], dtype=np.float64)
+    val = _values(res["value"])
     # closed partitions are stored sorted by (series_id, ts) and scans keep that order, so the rows come
     # as a few sorted runs (one per hourly partition): a stable sort (timsort) merges them cheaply
     key = rank * (hi - lo + 1) + (ts - lo)
@@ -109,10 +129,13 @@ def _ranked(res: dict[str, np.ndarray], sids: list[int], lo: int, hi: int
     return rank, ts, val, by_sid
 
 
-def recent_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, lo: int, hi: int) -> dict[str, np.ndarray]:
-    """Non-stale samples of every series in [lo, hi] (columns ts, series_id, value), in no set order."""
-    return cur.execute(f"SELECT ts, series_id, value FROM {samples_sql} "
-                       f"WHERE ts BETWEEN {int(lo)} AND {int(hi)} AND value IS NOT NULL").fetchnumpy()
+def recent_samples(cur: duckdb.DuckDBPyConnection, samples_sql: str, lo: int, hi: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every series' samples in [lo, hi] as (series_id, ts, value), markers as STALE_NAN, in no set order."""
+    got = cur.execute(f"SELECT ts, series_id, value FROM {samples_sql} "
+                      f"WHERE ts BETWEEN {int(lo)} AND {int(hi)}").fetchnumpy()
+    return (np.asarray(got["series_id"], dtype=np.int64), np.asarray(got["ts"], dtype=np.int64),
+            _values(got["value"]))
 
 
 def window_aggregates(cur: duckdb.DuckDBPyConnection, samples_sql: str, sids: list[int], ref: np.ndarray,

@@ -31,8 +31,8 @@ def test_a_grown_catalog_equals_a_full_load_and_the_old_one_stays_as_it_was():
     for matchers in ([("__name__", "=", "vllm:num_requests_running")], [("engine", "=~", "[13]")],
                      [("__name__", "=", "vllm:num_requests_waiting"), ("engine", "!=", "0")]):
         assert [after.labels[i] for i in after.select(matchers)] == [full.labels[i] for i in full.select(matchers)]
-    assert after.keys(after.select([("engine", "=", "3")]), keep_name=False) == [
-        (("engine", "3"), ("instance", "10.0.0.1:8000"))] * 2
+    assert after.keys(after.select([("engine", "=", "3")]), keep_name=False) == (
+        (("engine", "3"), ("instance", "10.0.0.1:8000")),) * 2
 
 
 def test_engines_over_one_store_share_its_catalog_and_see_new_series():
