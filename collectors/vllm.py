@@ -12,44 +12,20 @@ import errno
 import http.client
 import socket
 import time
-from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch, CollectorStatus
 from vllm_sentinel.collectors.exposition import ParseError, Shape, looks_openmetrics, parse
+from vllm_sentinel.collectors.scrape_http import (ACCEPT, Fetch, KeptConnection, Response, ResponseTooLarge,
+                                                  TruncatedBody, http_fetch)
 from vllm_sentinel.collectors.target_labels import TargetLabels
 
 __all__ = ["ACCEPT", "Response", "ResponseTooLarge", "TruncatedBody", "VllmCollector", "http_fetch",
            "normalize_target"]
 
-# Plain text first: OpenMetrics from prometheus_client 0.26 renames samples to vllm_... while its
-# # TYPE lines keep vllm:... (client_python#1177). Both are parsed if a proxy answers with either.
-ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024  # a 0.32 server with DP=8 sends well under 1 MiB
-_READ_CHUNK = 256 * 1024
-
-
-@dataclass
-class Response:
-    """What a fetch returns: HTTP status, Content-Type header and the body bytes."""
-
-    status: int
-    content_type: str
-    body: bytes
-
-
-class ResponseTooLarge(Exception):
-    """The body passed the size limit; reading stopped there."""
-
-
-class TruncatedBody(Exception):
-    """The connection closed before the whole body arrived (shorter than its Content-Length)."""
-
-
-Fetch = Callable[[str, float, int], Response]
 
 
 def normalize_target(target: str) -> str:
@@ -80,50 +56,8 @@ def default_instance(url: str) -> str:
     return f"{host}:{port}"
 
 
-def http_fetch(url: str, timeout_s: float, max_bytes: int) -> Response:
-    """GET url with one deadline for connect + headers + body; stop reading past max_bytes."""
-    deadline = time.monotonic() + timeout_s
-    parts = urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname, parts.port, timeout=timeout_s)
-    try:
-        conn.connect()
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("connect took the whole timeout")
-        conn.sock.settimeout(remaining)  # headers must arrive within what is left
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", path, headers={"Accept": ACCEPT, "Accept-Encoding": "identity",
-                                           "User-Agent": "vllm-sentinel"})
-        resp = conn.getresponse()
-        length = resp.getheader("Content-Length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
-            raise ResponseTooLarge(f"Content-Length {length}")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("body not complete before the deadline")
-            if conn.sock is not None:  # a slow server must not stretch one read past the deadline
-                conn.sock.settimeout(remaining)
-            chunk = resp.read1(_READ_CHUNK) if hasattr(resp, "read1") else resp.read(_READ_CHUNK)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise ResponseTooLarge(f"more than {max_bytes} bytes")
-            chunks.append(chunk)
-        # http.client ends a plain body quietly at EOF; a cut-off chunked body raises IncompleteRead.
-        if length is not None and length.isdigit() and size < int(length):
-            raise TruncatedBody(f"{size} of {length} bytes")
-        return Response(resp.status, resp.getheader("Content-Type") or "", b"".join(chunks))
-    finally:
-        conn.close()
-
-
 class VllmCollector:
-    """Scrapes one vLLM server's /metrics; `fetch` is injectable (default: http_fetch)."""
+    """Scrapes one vLLM server's /metrics; `fetch` is injectable (default: a KeptConnection of its own)."""
 
     name = "vllm"
 
@@ -138,7 +72,7 @@ class VllmCollector:
         self.instance = instance or default_instance(self.url)
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        self._fetch: Fetch = fetch or http_fetch
+        self._fetch: Fetch = fetch or KeptConnection()
         self.target_labels = TargetLabels(labels)  # a targets file's labels, on every series of this target
         # (metric, label text) of every series in the last successful scrape, for staleness
         self._live: set[tuple[str, str]] = set()
@@ -232,6 +166,12 @@ class VllmCollector:
             error = (f"{self.url}: skipped {len(parsed.errors)} malformed line(s), first {first} "
                      "(kept the other samples; report it to whoever exports that metric)")
         return error, len(metrics)
+
+    def close(self) -> None:
+        """Close the connection kept to the target (the sidecar calls this when the target goes)."""
+        close = getattr(self._fetch, "close", None)
+        if close is not None:
+            close()
 
     def retire(self, now_ms: int) -> Batch:
         """The target is gone from the targets: a stale marker for each of its series, `up` and scrape_* included.
