@@ -53,12 +53,28 @@ def values_between(store: Any, start_ms: int, end_ms: int) -> list[tuple[int, in
         "WHERE ts > ? AND ts <= ? AND value IS NOT NULL ORDER BY series_id, ts", [start_ms, end_ms]).fetchall()
 
 
+RECENT_MS = 60_000  # newest_labels looks here first: an info metric scraped every tick is always there
+
+
 def newest_labels(store: Any, metric: str, instance: str, at_ms: int, lookback_ms: int) -> dict[str, str] | None:
     """Labels of the newest non-stale sample of `metric` on `instance` in (at_ms - lookback_ms, at_ms]; among
-    series sampled at that time, the lowest `engine` label wins."""
-    row = store.cursor().execute(
-        f"SELECT s.labels FROM series s JOIN {store.samples_sql(at_ms - lookback_ms, at_ms)} p "
-        "ON p.series_id = s.series_id WHERE s.metric = ? AND s.instance = ? AND p.ts <= ? AND p.ts > ? "
-        "AND p.value IS NOT NULL ORDER BY p.ts DESC, s.labels['engine'] ASC LIMIT 1",
-        [metric, instance, at_ms, at_ms - lookback_ms]).fetchone()
-    return dict(row[0]) if row else None
+    series sampled at that time, the lowest `engine` label wins.
+
+    The last minute is read first and the whole lookback only when it holds no sample: the daemon asks
+    this for every target every 30 s, and an hour of samples is millions of rows.
+    """
+    cur = store.cursor()
+    sids = [r[0] for r in cur.execute("SELECT series_id FROM series WHERE metric = ? AND instance = ?",
+                                      [metric, instance]).fetchall()]
+    if not sids:
+        return None
+    ids = ",".join(str(int(s)) for s in sids)  # our own series table's integers
+    for span in sorted({min(RECENT_MS, lookback_ms), lookback_ms}):
+        row = cur.execute(
+            f"SELECT s.labels FROM {store.samples_sql(at_ms - span, at_ms)} p JOIN series s "
+            f"ON p.series_id = s.series_id WHERE p.series_id IN ({ids}) AND p.ts <= ? AND p.ts > ? "
+            "AND p.value IS NOT NULL ORDER BY p.ts DESC, s.labels['engine'] ASC LIMIT 1",
+            [at_ms, at_ms - span]).fetchone()
+        if row:
+            return dict(row[0])
+    return None

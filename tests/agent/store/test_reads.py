@@ -64,6 +64,9 @@ def test_newest_labels_prefer_the_latest_sample_then_the_lowest_engine(store):
     assert newest_labels(store, INFO, "a:8000", T0 + 10_000, 9_000) == {"engine": "0", "block_size": "16"}
     assert newest_labels(store, INFO, "a:8000", T0 + 70_000, 60_000) is None  # older than the lookback
     assert newest_labels(store, INFO, "b:8000", T0 + 10_000, 60_000) is None
+    # past the last minute, within the lookback: found by the second, whole read
+    assert newest_labels(store, INFO, "a:8000", T0 + 20 * 60_000, HOUR_MS) == {"engine": "0", "block_size": "16"}
+    assert newest_labels(store, INFO, "a:8000", T0 + 20 * 60_000, 10 * 60_000) is None
 
 
 def test_series_dictionary_reads(store):
