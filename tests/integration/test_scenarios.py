@@ -34,6 +34,7 @@ from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
 from vllm_sentinel.agent.demo.scenarios import ScenarioRun
 from vllm_sentinel.agent.demo.verify import fix_to_apply, restart_with_fix
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
+from vllm_sentinel.collectors.pyspy import RateLimiter
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
 pytestmark = pytest.mark.integration
@@ -266,9 +267,27 @@ def assert_stall_labelled(run: ScenarioRun, doc: dict, record_property: Callable
     return inc
 
 
+def quiet_before_a_stall(rig: Rig) -> None:
+    """Wait until the server is idle, then one py-spy rate-limit period (one dump per target and incident kind
+    per 30 s).
+
+    CI: queue_blocking's 32 clients left 6 idle connections open while a starved scrape gap hid the last tokens;
+    the daemon labelled that a 5 s engine_stall and took its dump 20 s before the freeze that followed, whose
+    dump the rate limit then refused. Whatever the previous load's tail fires now lands a period before the freeze.
+    """
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        gauges = scenarios.engine_gauges(running(rig))
+        if not gauges["vllm:num_requests_running"] and not gauges["vllm:num_requests_waiting"]:
+            break
+        time.sleep(1)
+    time.sleep(RateLimiter().per_target_s)
+
+
 def test_engine_stall_short(rig: Rig, record_property: Callable[[str, object], None]) -> None:
     """An 18 s freeze with requests in flight: labelled while it lasts, kept in history after."""
     short = scenarios.DEFAULT_HOLD_S["engine_stall_short"]
+    quiet_before_a_stall(rig)
     run, doc = diagnosed(rig, record_property, lambda server: scenarios.engine_stall(server, short))
     assert_stall_labelled(run, doc, record_property)
     assert rig.server.is_running()
@@ -276,7 +295,7 @@ def test_engine_stall_short(rig: Rig, record_property: Callable[[str, object], N
 
 def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) -> None:
     """A 60 s freeze with requests in flight: one incident from 10 s in until the engine resumes."""
-    time.sleep(10)  # the daemon takes one py-spy dump per target per 30 s: keep the previous stall's apart
+    quiet_before_a_stall(rig)  # the previous test's stall took a dump: this one's must not be rate-limited
     run, doc = diagnosed(rig, record_property, scenarios.engine_stall)
     inc = assert_stall_labelled(run, doc, record_property)
     assert inc["duration_s"] >= scenarios.DEFAULT_HOLD_S["engine_stall"] - STALL_DETECTION_S, inc
