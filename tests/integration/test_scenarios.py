@@ -113,21 +113,26 @@ def running(rig: Rig) -> VllmServer:
     return rig.server
 
 
-def stored_through(rig: Rig, t_ms: int, timeout_s: float = 60.0) -> None:
+def stored_through(rig: Rig, t_ms: int, timeout_s: float = 120.0) -> None:
     """Wait (at most timeout_s) until the daemon has stored its scrapes up to t_ms: every target collected
     after it and nothing queued. On the starved 2-core host the writer can lag a minute behind the scrapes,
-    and a question about a window whose last samples are not yet stored is answered without them."""
+    and a question about a window whose last samples are not yet stored is answered without them: past
+    the timeout the test fails here, saying so, rather than later over a window short of its end."""
     deadline = time.monotonic() + timeout_s
+    seen = "no answer"
     while time.monotonic() < deadline:
         res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "status", "--db", str(rig.db), "--format", "json"],
                              capture_output=True, text=True, timeout=120)
+        seen = res.stdout[-600:] or res.stderr[-600:]
         if res.returncode == 0:
             doc = json.loads(res.stdout)
             targets = [c for c in doc.get("collectors", []) if c["name"].startswith("vllm ")]
+            seen = json.dumps({"queue": doc.get("queue"), "targets": [(c["name"], c.get("last_ms")) for c in targets]})
             if targets and all((c.get("last_ms") or 0) >= t_ms for c in targets) and doc.get("queue") == 0:
                 time.sleep(1)  # the writer's last gather and commit
                 return
         time.sleep(1)
+    raise AssertionError(f"the daemon had not stored its scrapes through {t_ms} after {timeout_s:.0f} s: {seen}")
 
 
 def diagnose(rig: Rig, run: ScenarioRun, source: list[str] | None = None, whole_seconds: bool = False) -> dict:
@@ -366,6 +371,16 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
                 assert kv["id"] in inc["caused_by"], (inc["incident"], inc["caused_by"], kv["id"])
 
 
+def incident_spans(rig: Rig, start_ms: int, end_ms: int) -> list[tuple]:
+    """(incident, start, end) of what `diagnose` finds over the span, for a failure's message."""
+    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "diagnose", "--db", str(rig.db), "--since",
+                          f"{(end_ms - start_ms) / 1000:.3f}s", "--until", f"{end_ms / 1000:.3f}", "--format", "json"],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        return [("diagnose failed", res.stderr[-300:])]
+    return [(i["incident"], i["start"], i.get("end")) for i in json.loads(res.stdout)["incidents"]]
+
+
 def _overlap(a: dict, b: dict) -> bool:
     """Two incidents' [start, end] spans (an open end: still firing) overlap."""
     def end(i: dict) -> str:
@@ -402,6 +417,9 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     assert res.returncode == 0, res.stderr
     cmp = json.loads(res.stdout)
     print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
+    # on failure: whether vLLM preempted at all after the fix, and the spans of the incidents each side counted
+    print(json.dumps({"preemptions_per_s": cmp["intervals"].get("preemptions_per_s"),
+                      "incidents": incident_spans(rig, before.start_ms, after.end_ms)}))
     changes = {c["param"]: c for c in cmp["config_changes"]}
     assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
     assert changes["--max-num-seqs"]["after"] == fix["suggested"], cmp["config_changes"]

@@ -57,8 +57,11 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
             assert time.monotonic() < deadline, "the daemon API never answered or never scraped the server"
             time.sleep(0.3)
         traffic_start_ms = int(time.time() * 1000)
+        # a steady load with a pause per client: back to back, 3 clients kept the API server so busy that
+        # it answered /metrics only every 1.5-4 s (13-27 scrapes in 37 s here, 8 in CI); paused, 32-34
         result = run_traffic(vllm_server.url, vllm_server.model_name,
-                             TrafficPlan(requests=None, duration_s=32, concurrency=3, prompt_tokens=40, max_tokens=24))
+                             TrafficPlan(requests=None, duration_s=32, concurrency=3, prompt_tokens=40, max_tokens=24,
+                                         interval_s=0.25))
         traffic_end_ms = int(time.time() * 1000)
         assert result.ok > 5 and result.failed == 0, result.errors
         time.sleep(3)  # let at least two more scrapes land after the last request
@@ -73,7 +76,7 @@ def test_sidecar_records_real_traffic_and_diagnose_reads_it_while_running(vllm_s
         assert summary["prompt_tokens_per_s"] > 0 and summary["generation_tokens_per_s"] > 0
         assert summary["request_rate_per_s"] > 0
         assert summary["ttft_p95_seconds"] is not None and summary["ttft_p95_seconds"] > 0
-        assert summary["scrapes_ok"] >= 10
+        assert summary["scrapes_ok"] >= 15, summary
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)

@@ -233,3 +233,32 @@ def test_an_incident_carried_over_from_before_the_change_is_not_the_after_sides(
     assert doc == {"stopped": ["kv_cache_pressure"], "started": ["target_down"],
                    "before": ["kv_cache_pressure", "queue_blocking"], "after": ["queue_blocking", "target_down"],
                    "carried_over": ["kv_cache_pressure"]}
+
+
+def test_a_restart_fixing_preemption_stops_the_incident_that_the_rule_window_carries_past_it(tmp_path: Path) -> None:
+    """Preemption, the server down 80 s for a restart, then none, in a store no daemon watched (replayed
+    incidents only): kv_cache_pressure stopped. Its rule's 2 m window still holds the samples from before
+    the restart for 40 s of the after window; that incident is the before side's, carried over."""
+    t0, down, up_again, end = 1_795_000_020_000, 1_795_000_120_000, 1_795_000_200_000, 1_795_000_320_000
+    with Store.open(tmp_path / "restart.duckdb") as store:
+        for t in range(t0, end, 1000):
+            b = Batch(instance="10.0.0.1:8000", ts_ms=t)
+            labels = {"model_name": "m", "engine": "0"}
+            if down <= t < up_again:
+                if t == down:  # the failed scrape's staleness markers
+                    for name in ("vllm:num_preemptions_total", "vllm:kv_cache_usage_perc",
+                                 "vllm:request_success_total"):
+                        b.add(name, labels, None)
+                    store.append(b)
+                continue
+            before = t < down
+            b.add("vllm:num_preemptions_total", labels, 5.0 * (t - t0) / 1000 if before else 0.0)
+            b.add("vllm:kv_cache_usage_perc", labels, 0.99 if before else 0.6)
+            b.add("vllm:request_success_total", labels, (t - (t0 if before else up_again)) / 1000)
+            store.append(b)
+        windows = {"before": (t0 + 1000, down), "after": (up_again + 10_000, end)}
+        doc = compare(store_source(store, pack_window_evaluator(load_pack())),
+                      CompareRequest(stretch=(t0, end), **windows))
+    assert doc["incidents"]["before"] == ["kv_cache_pressure"], doc["incidents"]
+    assert doc["incidents"]["stopped"] == ["kv_cache_pressure"], doc["incidents"]
+    assert "kv_cache_pressure" not in doc["incidents"]["after"], doc["incidents"]
