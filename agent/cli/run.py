@@ -13,7 +13,7 @@ from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
 from vllm_sentinel.agent.cli.common import (DbOption, Exit, ParamsOption, RulesOption, db_path, duration_ms,
                                             duration_s, err, fail)
 from vllm_sentinel.agent.cli.run_config import (FromFile, RunConfigError, load_run_config, locate, merged,
-                                                option_kinds)
+                                                option_kinds, typed_params)
 from vllm_sentinel.agent.daemon.client import ApiError
 from vllm_sentinel.agent.daemon.cpu_budget import parse_budget
 from vllm_sentinel.agent.daemon.paths import socket_path_for
@@ -61,7 +61,8 @@ def run(ctx: typer.Context,
         from_file = load_run_config(config, option_kinds(run)) if config is not None else {}
     except RunConfigError as e:
         raise fail(str(e), Exit.USAGE) from None
-    v = merged(DEFAULTS, from_file, {k: val for k, val in ctx.params.items() if k != "config"})
+    given = typed_params({k: val for k, val in ctx.params.items() if k != "config"}, option_kinds(run))
+    v = merged(DEFAULTS, from_file, given)
     logging.basicConfig(level=logging.INFO if v["verbose"] else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -53,6 +53,20 @@ def option_kinds(command: Callable) -> dict[str, str]:
     return kinds
 
 
+def typed_params(params: dict[str, Any], kinds: dict[str, str]) -> dict[str, Any]:
+    """The command line's values with paths as Path: click hands them to ctx.params as str in some
+    typer releases (0.27), as Path in others (0.29)."""
+    out = dict(params)
+    for name, value in params.items():
+        if value is None:
+            continue
+        if kinds.get(name) == "path":
+            out[name] = Path(value)
+        elif kinds.get(name) == "paths":
+            out[name] = [Path(v) for v in value]
+    return out
+
+
 def load_run_config(path: Path, kinds: dict[str, str]) -> dict[str, FromFile]:
     """The options a config file sets, checked against `kinds`; relative paths resolved from its folder."""
     try:

@@ -156,7 +156,7 @@ class Store:
              memory_limit: str | None = DEFAULT_MEMORY_LIMIT, threads: int | None = None) -> "Store":
         """Open (and create or migrate, when read-write) the store at `path`; a read-write open bounds
         DuckDB's memory to `memory_limit` (None: DuckDB's default, 80 % of RAM); `threads` bounds DuckDB's
-        worker threads (None: one per core)."""
+        worker and I/O threads (None: DuckDB's defaults, which grow with the cores)."""
         path = str(path)
         memory = _memory_setting(memory_limit) if memory_limit and not read_only else None  # before any file is made
         if path != ":memory:" and not read_only:
@@ -172,7 +172,10 @@ class Store:
                 if memory:
                     con.execute(f"SET memory_limit = '{memory}'")
             if threads:
+                # async_threads too: DuckDB starts 4 per core for I/O tasks (64 on a 16-core GPU host, 8 here),
+                # which the daemon's single-file store does not use
                 con.execute(f"SET threads = {int(threads)}")
+                con.execute(f"SET async_threads = {int(threads)}")
             store = cls(con, path, read_only)
             if not read_only:
                 hour_archive.sweep(store.archive_folder, set(store._archives.values()))

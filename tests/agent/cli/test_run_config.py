@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_sentinel.agent.cli.run import DEFAULTS, run
-from vllm_sentinel.agent.cli.run_config import RunConfigError, load_run_config, merged, option_kinds
+from vllm_sentinel.agent.cli.run_config import RunConfigError, load_run_config, merged, option_kinds, typed_params
 
 
 def test_every_run_option_can_be_set_in_the_config_file_and_defaults_to_none():
@@ -50,3 +50,15 @@ def test_bad_values_name_file_line_and_fix(tmp_path, text, expected):
     with pytest.raises(RunConfigError) as e:
         load_run_config(conf, option_kinds(run))
     assert str(e.value).startswith(str(tmp_path / expected)), str(e.value)
+
+
+def test_command_line_paths_reach_the_daemon_as_paths_whatever_typer_hands_over():
+    """typer 0.27 leaves ctx.params' paths as str (the daemon then failed on db.with_name, seen on the GPU
+    host); 0.29 gives Path. Either way run's options come out as Path, lists of them as lists of Path."""
+    as_027 = {"db": "/data/s.duckdb", "rules": ["r.yaml", "/abs/r2.yaml"], "reports_dir": None, "interval": "1s",
+              "target": ["http://a:1"]}
+    got = typed_params(as_027, option_kinds(run))
+    assert got["db"] == Path("/data/s.duckdb") and isinstance(got["db"], Path)
+    assert got["rules"] == [Path("r.yaml"), Path("/abs/r2.yaml")]
+    assert got["reports_dir"] is None and got["interval"] == "1s" and got["target"] == ["http://a:1"]
+    assert typed_params(got, option_kinds(run)) == got  # Path in (0.29): unchanged

@@ -256,3 +256,5 @@ def test_a_store_opened_for_the_daemon_bounds_duckdbs_threads(tmp_path):
 
     with Store.open(tmp_path / "s.duckdb", threads=STORE_THREADS) as store:
         assert store.cursor().execute("SELECT current_setting('threads')").fetchone()[0] == STORE_THREADS
+        # and its I/O threads: by default 4 per core, 65 threads in the daemon on the H200's 16-core host
+        assert store.cursor().execute("SELECT current_setting('async_threads')").fetchone()[0] == STORE_THREADS
