@@ -418,7 +418,7 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     cmp = json.loads(res.stdout)
     print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict")}))  # on failure
     # on failure: whether vLLM preempted at all after the fix, and the spans of the incidents each side counted
-    print(json.dumps({"preemptions_per_s": cmp["intervals"].get("preemptions_per_s"),
+    print(json.dumps({"preemptions_per_s": [s for s in cmp["signals"] if s["name"] == "preemptions_per_s"],
                       "incidents": incident_spans(rig, before.start_ms, after.end_ms)}))
     changes = {c["param"]: c for c in cmp["config_changes"]}
     assert changes.get("--max-num-seqs", {}).get("before") == "4", cmp["config_changes"]
