@@ -64,11 +64,13 @@ def test_few_windows_fold_in_python_floats_exactly_as_many_fold_in_numpy(monkeyp
         series.append([(t * 1000, float(v)) for t, v in enumerate(vals)])
     s = _samples(series)
     refs = [39_000, 100_000, 230_000]
-    for name in ("avg_over_time", "stddev_over_time", "stdvar_over_time"):
+    for name in ("avg_over_time", "stddev_over_time", "stdvar_over_time", "sum_over_time", "deriv",
+                 "predict_linear"):
+        param = 300.0 if name == "predict_linear" else None
         monkeypatch.setattr(windows, "SCALAR_WINDOWS", 0)
-        many = _run(name, s, refs, 60_000)
+        many = _run(name, s, refs, 60_000, param)
         monkeypatch.setattr(windows, "SCALAR_WINDOWS", 10**9)
-        few = _run(name, s, refs, 60_000)
+        few = _run(name, s, refs, 60_000, param)
         assert many.keys() == few.keys() and len(many) > 10
         for k in many:
             assert np.float64(many[k]).tobytes() == np.float64(few[k]).tobytes(), (name, k, many[k], few[k])
