@@ -276,6 +276,8 @@ def _charts(data: ReportData) -> list[str]:
     if not data.charts:
         if any(m.startswith("charts:") for m in data.missing):  # the charts extra is not installed
             return out + ["No chart: matplotlib is not installed (see what was not checked below).", ""]
+        if any(m.startswith("charts not drawn:") for m in data.missing):  # the drawing process failed
+            return out + ["No chart: drawing them failed (see what was not checked below).", ""]
         return out + ["No chart: no evidence signal had samples around the incident.", ""]
     out.append(f"From {utc(data.window_ms[0])} to {utc(data.window_ms[1])}; the shaded band is the incident, "
                "the dashed line its threshold.")

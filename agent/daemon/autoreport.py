@@ -8,13 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.reports.chart_process import draw_in_child
 from vllm_sentinel.reports.write import report_for_incident
 
 log = logging.getLogger("vllm_sentinel.reports")
 
 
 class AutoReporter:
-    """Hands report writing to one background thread so ingest never waits for matplotlib."""
+    """Hands report writing to one background thread so ingest never waits for it; charts are drawn in a child."""
 
     def __init__(self, out_dir: Path, rules: list | None = None, max_pending: int = 32,
                  gate: Callable[[str, bool], bool] | None = None):
@@ -47,7 +48,9 @@ class AutoReporter:
 
     def _write(self, store: Store, incident_id: str, now_ms: int) -> None:
         try:
-            written = report_for_incident(store, incident_id, self.out_dir, now_ms=now_ms, rules=self.rules)
+            # matplotlib never loads into the daemon: its ~56 MiB would stay for the daemon's life
+            written = report_for_incident(store, incident_id, self.out_dir, now_ms=now_ms, rules=self.rules,
+                                          draw=draw_in_child)
             path = str(written.markdown)  # rewritten when the incident resolves: listed once, as the newest
             self.written = ([w for w in self.written if w != path] + [path])[-20:]
             log.info("incident report %s", written.markdown)

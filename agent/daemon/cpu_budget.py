@@ -48,9 +48,10 @@ def parse_budget(text: str) -> float:
 
 
 def self_cpu_seconds() -> float:
-    """This process's user+system CPU seconds, all threads."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's user+system CPU seconds, all threads, plus its finished children's (charts, py-spy)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # work the daemon hands to a child process is still the daemon's work on vLLM's host
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def host_cpu_jiffies(path: Path = Path("/proc/stat")) -> tuple[float, float] | None:

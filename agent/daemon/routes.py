@@ -19,6 +19,7 @@ from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluat
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.reports.assemble import IncidentNotFound
+from vllm_sentinel.reports.chart_process import draw_in_child
 from vllm_sentinel.reports.document import diagnose_markdown
 from vllm_sentinel.reports.write import report_for_incident
 
@@ -59,7 +60,7 @@ def daemon_route_report(rules: list | None = None) -> Route:
     def handle(store: Store, params: dict) -> dict:
         try:
             written = report_for_incident(store, params["id"], Path(params["out"]),
-                                          now_ms=int(params["now_ms"]), rules=rules)
+                                          now_ms=int(params["now_ms"]), rules=rules, draw=draw_in_child)
         except IncidentNotFound as e:
             return {"not_found": str(e)}
         return {"markdown": str(written.markdown), "charts": [str(c) for c in written.charts],
