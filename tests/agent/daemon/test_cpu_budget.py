@@ -4,6 +4,8 @@ stretch, and `run --cpu-budget` end to end (a bad value refused; a tiny budget d
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from datetime import timedelta
@@ -11,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from tests.agent.daemon.test_sidecar import DOWN_RULE, cli, start_daemon, wait_status
-from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget, host_cpu_jiffies, parse_budget
+from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget, host_cpu_jiffies, parse_budget, self_cpu_seconds
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch
@@ -104,6 +106,14 @@ def test_no_host_figures_never_stretch():
     b = CpuBudget(0.05, 1.0, clock=lambda: m.t, read_self=lambda: m.cpu, read_host=lambda: None)
     tick(m, b, 60, daemon_share=0.5, host_busy=1.0)
     assert b.host_busy() == 0.0 and b.interval_s() == 1.0
+
+
+def test_the_daemons_cpu_includes_the_child_processes_it_waited_for():
+    # charts and py-spy run as children: their CPU is the daemon's work on vLLM's host
+    before = self_cpu_seconds()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True, timeout=120)
+    assert self_cpu_seconds() - before >= 0.3
 
 
 def test_proc_stat_is_read_as_busy_and_total(tmp_path):
