@@ -288,6 +288,12 @@ class Engine:
         mod = node.modifier
         return_bool = bool(mod.return_bool) if mod is not None else False
         lhs = self._eval(node.lhs, ctx)
+        if op != "or" and isinstance(lhs, Vec) and not lhs.ok.any() and not _is_string(node.rhs):
+            # every operator but `or` keeps only left-hand series (or right-hand ones matched to one): an
+            # empty left side gives an empty result whatever the right side holds. Most alert rules read
+            # `condition and on (...) more conditions`; while the first finds nothing (a healthy fleet) the
+            # rest, often the costliest windows (a 10-minute baseline), are not evaluated.
+            return Vec.empty(ctx.grid.n)
         rhs = self._eval(node.rhs, ctx)
         if isinstance(lhs, Str) or isinstance(rhs, Str):
             raise PromQLError(f"binary operator {op} is not defined on strings")
@@ -515,3 +521,10 @@ def _quantile_over_time(res: dict, q: float) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(col, np.ma.MaskedArray):
         col = col.filled(np.nan)
     return np.asarray(col, dtype=np.float64), ones
+
+
+def _is_string(node: pp.Expr) -> bool:
+    """A string literal, parentheses aside: the one operand a binary operator refuses even beside nothing."""
+    while isinstance(node, pp.ParenExpr):
+        node = node.expr
+    return isinstance(node, pp.StringLiteral)

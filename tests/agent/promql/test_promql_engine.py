@@ -211,3 +211,28 @@ def test_several_counter_resets_in_one_window_are_added_in_time_order():
     assert e.instant("increase(c[1m])", 60_000)[0].value == 13.0
     assert e.instant("resets(c[1m])", 60_000)[0].value == 2.0
     assert e.instant("changes(c[1m])", 60_000)[0].value == 4.0
+
+
+def test_an_empty_left_side_gives_an_empty_result_without_reading_the_right_side():
+    # alert rules read `condition and on (...) costlier conditions`: nothing to keep on the left, nothing to read
+    e = _engine({'g{i="1"}': "1x20", 'h{i="1"}': "5x20"})
+    t = 120_000
+    read: list[str] = []
+    evaluate = e._eval
+
+    def spy(node, ctx):
+        if getattr(node, "name", None) == "h":
+            read.append("h")
+        return evaluate(node, ctx)
+
+    e._eval = spy  # type: ignore[method-assign]
+    for expr in ["g > 5 and on(i) h", "g > 5 unless h", "(g > 5) + h", "(g > 5) > on(i) group_left h",
+                 "(g > 5) * 2 + h", "sum by (i) (g > 5) / on(i) h"]:
+        assert e.instant(expr, t) == [], expr
+        assert [s for s in e.range(expr, 0, t, 30_000) if s.points] == [], expr
+    assert read == []
+    # `or` keeps the right side's series: it is read
+    assert _values(e.instant("g > 5 or h", t)) == {(("__name__", "h"), ("i", "1")): 5.0} and read
+    # a left side with a sample at some step of a range query is no empty side
+    e2 = _engine({'g{i="1"}': "1 9 1 1 1", 'h{i="1"}': "5x4"})
+    assert [[v for _, v in s.points] for s in e2.range("g > 5 and on(i) h", 0, 60_000, 15_000)] == [[9.0]]
