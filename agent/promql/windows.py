@@ -199,8 +199,33 @@ def _fold_one(name: str, values: list[float]) -> float:
     return var
 
 
+def _constant_windows(s: Samples, w: Windows) -> np.ndarray:
+    """Per window: every value the same finite float, bit for bit (-0.0 and 0.0 differ)."""
+    bits = np.asarray(s.val, dtype=np.float64).view(np.int64)
+    prefix = _pair_prefix(s, bits[1:] != bits[:-1])
+    return ((prefix[w.b] - prefix[w.a]) == 0) & np.isfinite(s.val[w.a])
+
+
 def _sequential(name: str, s: Samples, w: Windows) -> np.ndarray:
-    """avg/stddev/stdvar_over_time as Prometheus 2.42 folds them: Kahan-compensated, in time order."""
+    """avg/stddev/stdvar_over_time as Prometheus 2.42 folds them: Kahan-compensated, in time order.
+
+    A window of one repeated finite value v folds to exactly 0.0 + v (avg: the first step adds v to 0.0,
+    every later one adds v/k - v/k = 0.0) or 0.0 (the variances: every delta after the first is 0.0), so
+    those windows skip the fold: a gauge at rest (nothing waiting for 10 minutes) costs no loop.
+    """
+    constant = _constant_windows(s, w)
+    if constant.any():
+        out = np.empty(len(w.n))
+        out[constant] = 0.0 + s.val[w.a[constant]] if name == "avg_over_time" else 0.0
+        rest = ~constant
+        if rest.any():
+            out[rest] = _fold(name, s, Windows(w.rows[rest], w.steps[rest], w.a[rest], w.b[rest]))
+        return out
+    return _fold(name, s, w)
+
+
+def _fold(name: str, s: Samples, w: Windows) -> np.ndarray:
+    """_sequential's fold of every window, the few in Python floats, the many vectorised by position."""
     n = w.n
     if len(n) <= SCALAR_WINDOWS:
         return np.array([_fold_one(name, s.val[a:a + k].tolist()) for a, k in zip(w.a.tolist(), n.tolist())],

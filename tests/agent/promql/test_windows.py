@@ -74,3 +74,22 @@ def test_few_windows_fold_in_python_floats_exactly_as_many_fold_in_numpy(monkeyp
         assert many.keys() == few.keys() and len(many) > 10
         for k in many:
             assert np.float64(many[k]).tobytes() == np.float64(few[k]).tobytes(), (name, k, many[k], few[k])
+
+
+def test_windows_of_one_repeated_value_give_the_folds_bits_without_folding(monkeypatch):
+    # a gauge at rest (0 requests waiting for 10 minutes) skips the Kahan fold: the answer must be the fold's
+    values = [0.0, -0.0, 3.0, -2.5, 1e308, -1e-300, 7.25, math.inf, -math.inf, math.nan]
+    series = [[(t * 1000, v) for t in range(30)] for v in values]
+    series.append([(t * 1000, 1.0 if t != 12 else 2.0) for t in range(30)])  # one change: folded
+    series.append([(t * 1000, 0.0 if t % 2 else -0.0) for t in range(30)])  # equal as floats, not as bits
+    s = _samples(series)
+    refs = [5_000, 29_000, 40_000]
+    for name in ("avg_over_time", "stddev_over_time", "stdvar_over_time"):
+        monkeypatch.setattr(windows, "_constant_windows", lambda s, w: np.zeros(len(w.n), dtype=bool))
+        folded = _run(name, s, refs, 20_000)
+        monkeypatch.undo()
+        fast = _run(name, s, refs, 20_000)
+        assert fast.keys() == folded.keys() and len(fast) == 3 * len(series)
+        for k in fast:
+            assert np.float64(fast[k]).tobytes() == np.float64(folded[k]).tobytes(), (name, k, fast[k], folded[k])
+    assert np.float64(_run("avg_over_time", s, [29_000], 20_000)[(1, 0)]).tobytes() == np.float64(0.0).tobytes()
