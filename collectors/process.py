@@ -19,6 +19,7 @@ Series (names carry the sidecar's prefix because vLLM's own /metrics already exp
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import urllib.parse
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from .argv import parse_vllm_argv
 from .base import Batch, CollectorStatus, Event
-from .host_sockets import HostSockets, TcpTable, all_pids, socket_holders
+from .host_sockets import HostSockets, TcpTable, parent_map, socket_holders, stat_fields
 
 ROLE_API_SERVER = "api_server"
 ROLE_ENGINE_CORE = "engine_core"
@@ -63,6 +64,7 @@ class ProcessUsage:
     rss_bytes: int
     threads: int
     start_time_s: float
+    state: str = ""  # the state letter of the same read ('R', 'S', 'T' stopped, ...)
 
 
 class ProcessDiscoveryError(RuntimeError):
@@ -124,16 +126,6 @@ def read_title(pid: int, proc_root: str | Path = "/proc") -> tuple[str, list[str
     return comm or (os.path.basename(argv[0]) if argv else ""), argv
 
 
-def parent_map(proc_root: str | Path = "/proc") -> dict[int, int]:
-    """pid -> ppid for every live process under proc_root (zombies are dead: left out)."""
-    parents: dict[int, int] = {}
-    for pid in all_pids(proc_root):
-        fields = _stat_fields(pid, proc_root)
-        if fields is not None and fields[0] not in ("Z", "X"):
-            parents[pid] = int(fields[1])
-    return parents
-
-
 def discover(target: str, proc_root: str | Path = "/proc", sockets: HostSockets | None = None) -> list[VllmProcess]:
     """The vLLM processes serving `target` (URL or host:port), API servers first; raise ProcessDiscoveryError.
 
@@ -156,7 +148,7 @@ def discover(target: str, proc_root: str | Path = "/proc", sockets: HostSockets 
         raise ProcessDiscoveryError(
             f"port {port} is listening but no visible process holds its socket{hint}; the sidecar must "
             "share vLLM's PID namespace (Kubernetes: shareProcessNamespace: true; docker: --pid=container:NAME)")
-    parents = parent_map(proc_root)
+    parents = sockets.parents() if sockets is not None else parent_map(proc_root)
     held = set(holders)
     roots = [p for p in holders if parents.get(p) not in held]
     children: dict[int, list[int]] = {}
@@ -184,7 +176,7 @@ def discover(target: str, proc_root: str | Path = "/proc", sockets: HostSockets 
 
 def read_usage(pid: int, proc_root: str | Path = "/proc") -> ProcessUsage | None:
     """CPU seconds, RSS, threads and start time of a process; None if it has exited."""
-    fields = _stat_fields(pid, proc_root)
+    fields = stat_fields(pid, proc_root)
     if fields is None:
         return None
     try:
@@ -198,13 +190,14 @@ def read_usage(pid: int, proc_root: str | Path = "/proc") -> ProcessUsage | None
         cpu_seconds=(utime + stime) / ticks,
         rss_bytes=int(statm[1]) * os.sysconf("SC_PAGE_SIZE"),
         threads=int(fields[17]),
-        start_time_s=_boot_time(proc_root) + int(fields[19]) / ticks,
+        start_time_s=_boot_time(str(proc_root)) + int(fields[19]) / ticks,
+        state=fields[0],
     )
 
 
 def read_state(pid: int, proc_root: str | Path = "/proc") -> str | None:
     """The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, ...); None if the process has exited."""
-    fields = _stat_fields(pid, proc_root)
+    fields = stat_fields(pid, proc_root)
     return fields[0] if fields else None
 
 
@@ -255,7 +248,7 @@ class ProcessCollector:
 
     def _start_of(self, pid: int) -> str | None:
         """A live process's start time (pid reuse shows as a change); None once it exited or is a zombie."""
-        fields = _stat_fields(pid, self.proc_root)
+        fields = stat_fields(pid, self.proc_root)
         return None if fields is None or fields[0] in ("Z", "X") else fields[19]
 
     def collect(self, now_ms: int) -> Batch:
@@ -279,9 +272,7 @@ class ProcessCollector:
             batch.add("vllm_sentinel_process_resident_memory_bytes", labels, float(usage.rss_bytes))
             batch.add("vllm_sentinel_process_threads", labels, float(usage.threads))
             batch.add("vllm_sentinel_process_start_time_seconds", labels, usage.start_time_s)
-            state = read_state(proc.pid, self.proc_root)
-            if state is not None:
-                batch.add("vllm_sentinel_process_stopped", labels, 1.0 if state in _STOPPED_STATES else 0.0)
+            batch.add("vllm_sentinel_process_stopped", labels, 1.0 if usage.state in _STOPPED_STATES else 0.0)
         if found:
             table, own = self.sockets.tcp()
             batch.add("vllm_sentinel_server_client_connections", {},
@@ -316,17 +307,12 @@ def instance_of(target: str) -> str:
     return f"{parsed.hostname}:{target_port(target)}"
 
 
-def _stat_fields(pid: int, proc_root: str | Path) -> list[str] | None:
-    """/proc/PID/stat fields after the comm (state first); comm may hold spaces and parentheses."""
-    try:
-        text = (Path(proc_root) / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()
+@functools.lru_cache(maxsize=8)
+def _boot_time(proc_root: str) -> float:
+    """System boot time (seconds since the epoch) from /proc/stat's btime; 0 if unreadable.
 
-
-def _boot_time(proc_root: str | Path) -> float:
-    """System boot time (seconds since the epoch) from /proc/stat's btime; 0 if unreadable."""
+    Read once per proc root: btime moves only with a reboot, and /proc/stat grows with the host's cores.
+    """
     try:
         for line in (Path(proc_root) / "stat").read_text().splitlines():
             if line.startswith("btime "):

@@ -87,3 +87,21 @@ def test_collectors_sharing_one_read_count_the_same_clients_as_each_alone():
         finally:
             for c in clients:
                 c.close()
+
+
+def test_the_process_tree_is_shared_for_max_age_then_reread(tmp_path):
+    def stat(pid: int, ppid: int, state: str = "S") -> None:
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (vllm (api) server) {state} {ppid} 1 1 0\n")
+
+    stat(10, 1)
+    stat(11, 10)
+    stat(12, 10, "Z")  # a zombie is dead: not in the tree
+    now = [100.0]
+    shared = HostSockets(tmp_path, max_age_s=1.0, clock=lambda: now[0])
+    assert shared.parents() == {10: 1, 11: 10}
+    stat(13, 11)
+    now[0] += 0.5
+    assert shared.parents() == {10: 1, 11: 10}  # the same moment's scan, shared by every target's discovery
+    now[0] += 0.6
+    assert shared.parents() == {10: 1, 11: 10, 13: 11}
