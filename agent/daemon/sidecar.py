@@ -1,6 +1,7 @@
 """The sidecar daemon: collectors on a schedule -> one writer thread -> the store (+ rules, API, own metrics).
 
-Collection runs on apscheduler's thread pool (one job per collector, never overlapping itself);
+Collection runs on the daemon's clock (`schedule.py`: one job per collector on a thread pool, never
+overlapping itself);
 a single writer thread owns every write to DuckDB, so a tick is one transaction and nothing
 else ever holds the write path.
 """
@@ -16,18 +17,13 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
-
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES
-from apscheduler.jobstores.base import JobLookupError
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from vllm_sentinel.agent.daemon.api import ApiServer
 from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget
 from vllm_sentinel.agent.daemon.committer import Committer
 from vllm_sentinel.agent.daemon.ownhttp import serve_own_http
+from vllm_sentinel.agent.daemon.schedule import Schedule
 from vllm_sentinel.agent.daemon.selfmetrics import SelfMetrics
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.collectors.base import Batch, Collector, CollectorStatus, Event, now_ms
@@ -82,15 +78,11 @@ class Sidecar:
         self.committer = Committer(store, self.metrics, self.config.queue_max_batches)
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
-        # threads start only when needed: the ceiling leaves room for targets a targets file adds later
-        self._scheduler = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max(16, len(collectors) + 2))},
-                                              job_defaults={"coalesce": True, "max_instances": 1,
-                                                            "misfire_grace_time": None})
-        # a collection still running when its next one is due is skipped, never overlapped: that is
+        # threads start only when needed: the ceiling leaves room for targets a targets file adds later.
+        # A collection still running when its next one is due is skipped, never overlapped: that is
         # counted (vllm_sentinel_collections_skipped_total), not logged once a second
-        logging.getLogger("apscheduler").setLevel(logging.ERROR)
-        self._scheduler.add_listener(
-            lambda event: self.metrics.skipped.labels(event.job_id).inc(), EVENT_JOB_MAX_INSTANCES)
+        self._scheduler = Schedule(max(16, len(collectors) + 2),
+                                   on_skip=lambda name: self.metrics.skipped.labels(name).inc())
         self._api: ApiServer | None = None
         self._metrics_server: object | None = None
         self.started_ms = now_ms()
@@ -110,11 +102,11 @@ class Sidecar:
         for c in self.collectors:
             self._schedule(c)
         for every, name, fn in self.config.background_tasks:
-            self._scheduler.add_job(lambda fn=fn, name=name: self._guard(name, lambda: fn(now_ms())), "interval",
-                                    seconds=every, id=name, name=name)
+            self._scheduler.add(name, lambda fn=fn, name=name: self._guard(name, lambda: fn(now_ms())), every,
+                                first_in_s=every)
         if self.config.cpu_budget is not None:
             self._interval_now = self.config.interval_s
-            self._scheduler.add_job(self._keep_cpu_budget, "interval", seconds=1.0, id="cpu budget")
+            self._scheduler.add("cpu budget", self._keep_cpu_budget, 1.0, first_in_s=1.0)
         self._scheduler.start()
         if self.config.socket_path:
             routes = {"/v1/health": self._health, "/v1/status": lambda _p: self.status()}
@@ -173,10 +165,7 @@ class Sidecar:
         if collector is None:
             return
         if self._started:
-            try:
-                self._scheduler.remove_job(name)
-            except JobLookupError:
-                pass
+            self._scheduler.remove(name)
         with self._enqueue:
             self._retired.add(collector)
             retire = getattr(collector, "retire", None)
@@ -198,8 +187,7 @@ class Sidecar:
     def _schedule(self, c: Collector) -> None:
         # a collector may ask for a slower cadence than the scrape interval (process discovery)
         every = max(getattr(self, "_interval_now", self.config.interval_s), getattr(c, "interval_s", 0) or 0)
-        self._scheduler.add_job(self._collect_one, "interval", args=[c], seconds=every,
-                                jitter=min(every * 0.1, 1.0), id=c.name, name=c.name, next_run_time=_soon())
+        self._scheduler.add(c.name, lambda: self._collect_one(c), every)
 
     # -- work --------------------------------------------------------------------------------
     def _keep_cpu_budget(self) -> None:
@@ -210,11 +198,8 @@ class Sidecar:
             return
         self._interval_now = interval
         for c in list(self.collectors):  # a targets file may add or remove some meanwhile
-            every = max(interval, getattr(c, "interval_s", 0) or 0)
-            try:
-                self._scheduler.reschedule_job(c.name, trigger="interval", seconds=every, jitter=min(every * 0.1, 1.0))
-            except JobLookupError:
-                pass  # removed since the list was taken
+            # False for one removed since the list was taken
+            self._scheduler.reschedule(c.name, max(interval, getattr(c, "interval_s", 0) or 0))
         log.warning("cpu budget: collecting every %gs (%s)", interval, self.config.cpu_budget.status()["summary"])
 
     def _collect_one(self, collector: Collector) -> None:
@@ -382,7 +367,3 @@ class Sidecar:
         return {"name": name, "ok": state == "ok", "state": state, "error": error,
                 "last_ms": self._last_collect.get(name), "detail": s.detail}
 
-
-def _soon() -> datetime:
-    """First run right after start, not one interval later."""
-    return datetime.now().astimezone() + timedelta(milliseconds=50)
