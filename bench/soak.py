@@ -6,7 +6,7 @@ fires after the rule's `for`), some hold running requests with frozen token coun
 fires, which asks for a stack capture). Bodies come from a template split once at start and are
 cached per (kind, second), so serving costs a string join per second per kind.
 
-Every --every seconds it reads the daemon's CPU (utime+stime of /proc/PID/stat), RSS and peak RSS
+Every --every seconds it reads the daemon's CPU (utime+stime+cutime+cstime of /proc/PID/stat), RSS and peak RSS
 (/proc/PID/status), open fds (/proc/PID/fd), threads, and from the daemon's own /metrics the samples
 stored and incidents active, and prints a row (flushed); at the end a summary: CPU % of one core,
 RSS start/peak/end, fds and threads min/max, and whether each is flat or growing. Asserts nothing.
@@ -136,11 +136,12 @@ def kind_of(i: int, n: int) -> str:
 
 
 def proc_figures(pid: int) -> dict:
-    """The daemon's CPU seconds, RSS and peak RSS (MiB), open fds and threads, from /proc."""
+    """The daemon's CPU seconds (its own and its reaped children's: report charts, py-spy), RSS and peak
+    RSS (MiB), open fds and threads, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {"cpu_s": (int(fields[11]) + int(fields[12])) / tick,
+    return {"cpu_s": (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / tick,
             "rss_mib": int(status["VmRSS"].split()[0]) / 1024, "hwm_mib": int(status["VmHWM"].split()[0]) / 1024,
             "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": int(status["Threads"])}
 
