@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from vllm_sentinel.reports.charts import CHARTS_MISSING, ChartsUnavailable, chart_filename, charts_available, draw_chart
@@ -23,6 +25,22 @@ NICENESS = 10  # the serving process keeps its share of the CPU while charts are
 
 class ChartsFailed(RuntimeError):
     """The drawing process crashed or ran past its time: the report goes out without charts, saying so."""
+
+
+_spent_lock = threading.Lock()
+_spent_s = 0.0
+
+
+def child_cpu_seconds() -> float:
+    """CPU seconds the drawing processes of this process have used, as each reported at its end."""
+    with _spent_lock:
+        return _spent_s
+
+
+def _add_spent(seconds: float) -> None:
+    global _spent_s
+    with _spent_lock:
+        _spent_s += max(0.0, seconds)
 
 
 def draw_in_child(charts: list[dict], directory: Path, *, timeout_s: float = TIMEOUT_S,
@@ -48,14 +66,16 @@ def draw_in_child(charts: list[dict], directory: Path, *, timeout_s: float = TIM
         last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise ChartsFailed(f"charts not drawn: the drawing process failed ({last[:300]})")
     try:
-        drawn = [Path(p) for p in json.loads(proc.stdout)]
-    except (ValueError, TypeError):
+        answer = json.loads(proc.stdout)
+        drawn = [Path(p) for p in answer["drawn"]]
+        _add_spent(float(answer["cpu_s"]))
+    except (ValueError, TypeError, KeyError):
         raise ChartsFailed("charts not drawn: the drawing process answered no list of paths") from None
     return drawn
 
 
 def main() -> int:
-    """The child: draw the jobs read from stdin, print the written paths as a JSON list."""
+    """The child: draw the jobs read from stdin, print the written paths and its own CPU seconds as JSON."""
     try:
         os.nice(NICENESS)
     except OSError:
@@ -64,7 +84,10 @@ def main() -> int:
     if not charts_available():
         print(CHARTS_MISSING, file=sys.stderr)
         return MISSING_RC
-    print(json.dumps([str(draw_chart(job["data"], Path(job["path"]))) for job in jobs]))
+    drawn = [str(draw_chart(job["data"], Path(job["path"]))) for job in jobs]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    # the parent charges this to its CPU budget: only its own children's CPU, never a reaped vLLM server's
+    print(json.dumps({"drawn": drawn, "cpu_s": usage.ru_utime + usage.ru_stime}))
     return 0
 
 

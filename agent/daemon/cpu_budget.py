@@ -23,6 +23,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from vllm_sentinel.reports.chart_process import child_cpu_seconds
+
 # 10 % of one core. Measured on a 2-vCPU VM: 16 targets at 1 s with the shipped rules cost the daemon
 # 53 % of a core (bench/soak.py), about 3.3 % per target; one target at 0.5 s with evaluation every
 # 1 s, 6.3 %. At 5 % the common one-target daemon would defer every report; 10 % keeps it, and a
@@ -48,10 +50,11 @@ def parse_budget(text: str) -> float:
 
 
 def self_cpu_seconds() -> float:
-    """This process's user+system CPU seconds, all threads, plus its finished children's (charts, py-spy)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    # work the daemon hands to a child process is still the daemon's work on vLLM's host
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    """This process's user+system CPU seconds, all threads, plus what its report charts' processes used."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    # charts drawn in a child are still the daemon's work on vLLM's host. Not RUSAGE_CHILDREN: the demo
+    # runs vLLM as a child of the daemon's process, and a restarted server's minutes of CPU would land at once
+    return own.ru_utime + own.ru_stime + child_cpu_seconds()
 
 
 def host_cpu_jiffies(path: Path = Path("/proc/stat")) -> tuple[float, float] | None:
