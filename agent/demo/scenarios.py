@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficPlan, TrafficResult
-from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
+from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig, log_tail
 from vllm_sentinel.collectors.base import now_ms
 from vllm_sentinel.collectors.exposition import parse
 from vllm_sentinel.collectors.process import (ROLE_ENGINE_CORE, ProcessDiscoveryError, discover, parent_map,
@@ -65,6 +65,8 @@ DEFAULT_HOLD_S = {
 }
 # after the condition ends, the sidecar needs a scrape or two (1 s interval) before the window closes
 SETTLE_S = 3.0
+# engine_stall's load runs until it is stopped after the resume; this bounds it should that never come
+STALL_LOAD_BOUND_S = 900.0
 
 Say = Callable[[str], None]
 
@@ -290,21 +292,27 @@ def freeze_with_requests_running(server: VllmServer, pid: int, attempts: int = 4
 
 
 def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _quiet,
-                 warmup_s: float = 4.0) -> ScenarioRun:
+                 warmup_s: float = 4.0, drain_s: float = 10.0) -> ScenarioRun:
     """Freeze the EngineCore (SIGSTOP) with requests running for `seconds`, then SIGCONT it.
 
     The API server keeps answering /metrics, so the sidecar sees running requests and flat token
-    counters. The engine is always resumed, even when the wait is interrupted.
+    counters. The engine is always resumed, even when the wait is interrupted. The load runs until
+    `drain_s` after the resume, however long the freeze took to land (it is stopped, not timed out).
     """
     stall_s = seconds or DEFAULT_HOLD_S["engine_stall"]
     pid = find_engine_core(server)
     run = ScenarioRun("engine_stall", "engine_stall", now_ms(), detail={"engine_core_pid": pid})
     run.mark("load")
     say(f"engine_stall: traffic for {warmup_s:.0f} s, then SIGSTOP EngineCore pid {pid} for {stall_s:.0f} s")
-    load = BackgroundTraffic(server.url, server.model_name, stall_plan(warmup_s + stall_s + 10)).start()
+    # the duration only bounds a run whose stop() never came; the freeze's own waits are shorter
+    load = BackgroundTraffic(server.url, server.model_name, stall_plan(STALL_LOAD_BOUND_S)).start()
     try:
         time.sleep(warmup_s)
-        gauges, stopped_ms = freeze_with_requests_running(server, pid)
+        try:
+            gauges, stopped_ms = freeze_with_requests_running(server, pid)
+        except ScenarioError as e:
+            raise ScenarioError(f"{e}; the load so far: {traffic_summary(load.progress())}; the server's log "
+                                f"ends: {log_tail(server.log_path, 3)!r}") from e
         try:
             run.phases.append(("stopped", stopped_ms))
             run.detail["frozen_with"] = gauges
@@ -314,12 +322,20 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
             os.kill(pid, signal.SIGCONT)
         run.mark("resumed")
         say("engine_stall: EngineCore resumed; draining requests in flight")
+        time.sleep(drain_s)
     finally:
+        load.stop()
         run.traffic = load.wait(stall_s + 300)
     run.mark("settle")
     time.sleep(SETTLE_S)
     run.end_ms = now_ms()
     return run
+
+
+def traffic_summary(t: TrafficResult) -> str:
+    """One line of a traffic run's tallies: sent, ok, failed and the first failure."""
+    first = f" (first: {t.errors[0]})" if t.errors else ""
+    return f"{t.sent} sent in {t.elapsed_s:.0f} s, {t.ok} ok, {t.failed} failed{first}"
 
 
 def idle_freeze(server: VllmServer, seconds: float | None = None, say: Say = _quiet) -> ScenarioRun:

@@ -146,12 +146,13 @@ class _Run:
         self.deadline = self.started + plan.duration_s if plan.duration_s is not None else None
         self.lock = threading.Lock()
         self.next_index = 0
+        self.stopped = False
         self.result = TrafficResult()
 
     def take_index(self) -> int | None:
-        """Claim the next request index, or None when the count or the deadline is reached."""
+        """Claim the next request index, or None when the count or the deadline is reached, or after stop()."""
         with self.lock:
-            if self.next_index >= self.limit:
+            if self.stopped or self.next_index >= self.limit:
                 return None
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 return None
@@ -172,6 +173,32 @@ class _Run:
             self.result.failed += 1
             if len(self.result.errors) < _MAX_ERRORS_KEPT:
                 self.result.errors.append(reason)
+
+    def stop(self) -> None:
+        """Start no new request; those in flight finish."""
+        with self.lock:
+            self.stopped = True
+
+    def snapshot(self) -> TrafficResult:
+        """The tallies so far (a copy: workers keep adding to the original)."""
+        with self.lock:
+            r = self.result
+            return replace(r, latencies_s=list(r.latencies_s), errors=list(r.errors),
+                           elapsed_s=time.monotonic() - self.started)
+
+    def drive(self) -> TrafficResult:
+        """Run the workers to the end of the plan (or stop()) and return the tallies."""
+        self.started = time.monotonic()  # the plan's duration counts from here, not from construction
+        self.deadline = self.started + self.plan.duration_s if self.plan.duration_s is not None else None
+        n_workers = min(self.plan.concurrency, self.limit)
+        threads = [threading.Thread(target=_worker, args=(self,), daemon=True, name=f"traffic-{i}")
+                   for i in range(n_workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.result.elapsed_s = time.monotonic() - self.started
+        return self.result
 
     def sleep_between(self) -> None:
         """The steady pattern's pause, cut short at the deadline."""
@@ -239,15 +266,7 @@ def run_traffic(base_url: str, model: str, plan: TrafficPlan | None = None, **ov
     """
     plan = replace(plan or TrafficPlan(), **overrides)  # type: ignore[arg-type]
     plan.validate()
-    run = _Run(base_url, model, plan)
-    n_workers = min(plan.concurrency, run.limit)
-    threads = [threading.Thread(target=_worker, args=(run,), daemon=True, name=f"traffic-{i}") for i in range(n_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    run.result.elapsed_s = time.monotonic() - run.started
-    return run.result
+    return _Run(base_url, model, plan).drive()
 
 
 class BackgroundTraffic:
@@ -255,14 +274,14 @@ class BackgroundTraffic:
 
     def __init__(self, base_url: str, model: str, plan: TrafficPlan) -> None:
         plan.validate()
-        self._args = (base_url, model, plan)
+        self._run = _Run(base_url, model, plan)
         self._result: TrafficResult | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, daemon=True, name="traffic-main")
 
     def _main(self) -> None:
         try:
-            self._result = run_traffic(*self._args)
+            self._result = self._run.drive()
         except BaseException as exc:  # handed to the caller in wait()
             self._error = exc
 
@@ -270,6 +289,14 @@ class BackgroundTraffic:
         """Begin sending; returns immediately."""
         self._thread.start()
         return self
+
+    def stop(self) -> None:
+        """Send no new request; wait() then returns once those in flight have finished."""
+        self._run.stop()
+
+    def progress(self) -> TrafficResult:
+        """What the client has seen so far, while the run goes on."""
+        return self._run.snapshot()
 
     def done(self) -> bool:
         """True once the run has finished."""

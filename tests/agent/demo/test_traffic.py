@@ -214,3 +214,20 @@ def test_background_traffic_returns_the_result(stub: tuple[str, StubState]) -> N
     bg = BackgroundTraffic(url, "m", TrafficPlan(requests=4, concurrency=2)).start()
     result = bg.wait(timeout_s=30)
     assert bg.done() and result.ok == 4
+
+
+def test_stop_ends_an_open_ended_run_and_progress_counts_meanwhile(stub: tuple[str, StubState]) -> None:
+    url, state = stub
+    state.delay_s = 0.02
+    state.fail_every = 3
+    bg = BackgroundTraffic(url, "m", TrafficPlan(requests=None, duration_s=3600, concurrency=2)).start()
+    deadline = time.monotonic() + 30
+    while (seen := bg.progress()).ok < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen.ok >= 4 and seen.failed >= 1 and "HTTP 500" in seen.errors[0]
+    bg.stop()
+    result = bg.wait(timeout_s=30)
+    assert bg.done() and result.sent == result.ok + result.failed == len(state.bodies) >= seen.sent
+    sent_then = len(state.bodies)
+    time.sleep(0.1)
+    assert len(state.bodies) == sent_then  # nothing is sent after stop's run returned
