@@ -51,6 +51,46 @@ def test_staleness_marker_is_null(tmp_path):
         assert s.con.execute("SELECT count(*) FROM samples WHERE value IS NULL").fetchone()[0] == 1
 
 
+def test_nan_inf_and_staleness_markers_keep_their_meaning_across_hours_and_both_write_paths(tmp_path):
+    """A NaN sample stays NaN and a staleness marker (None) stays NULL, beside plain values, in a tick that
+    spans two hours and in the columnar path: numpy columns, which DuckDB would read NaN from as NULL."""
+    import math
+    import numpy as np
+    with Store.open(tmp_path / "s.duckdb") as s:
+        b = Batch(instance="a", ts_ms=T0)
+        values = [1.0, math.nan, None, math.inf, -0.0, None, math.nan]
+        for i, v in enumerate(values):
+            b.add("m", f'k="{i}"', v, ts_ms=T0 + (HOUR_MS if i % 2 else 0) + i)
+        assert s.append(b) == len(values)
+        s.append_columns([("c", "m", "", "m")], np.zeros(3, dtype=np.int64),
+                         np.array([T0, T0 + 1, T0 + HOUR_MS], dtype=np.int64), np.array([math.nan, 2.0, -math.inf]))
+        rows = s.con.execute("SELECT s.instance, s.labels_text, x.ts, x.value, x.value IS NULL FROM samples x "
+                             "JOIN series s USING (series_id) ORDER BY 1, 3").fetchall()
+    got = [(inst, ts, "NULL" if null else repr(v)) for inst, _, ts, v, null in rows]
+    want = [("a", T0 + i + (HOUR_MS if i % 2 else 0), "NULL" if v is None else repr(v)) for i, v in enumerate(values)]
+    want += [("c", T0, "nan"), ("c", T0 + 1, "2.0"), ("c", T0 + HOUR_MS, "-inf")]
+    assert sorted(got) == sorted(want)
+
+
+def test_the_write_path_does_not_load_pyarrow(tmp_path):
+    """The daemon's ticks and new series go to DuckDB as numpy columns: pyarrow's 30 MiB stay out of its memory."""
+    code = textwrap.dedent(f"""
+        import sys
+        from vllm_sentinel.agent.store.db import Store
+        from vllm_sentinel.collectors.base import Batch
+        with Store.open({str(tmp_path / "s.duckdb")!r}) as s:
+            b = Batch(instance="a", ts_ms={T0})
+            b.add("m", 'x="1"', 1.0)
+            b.add("m", 'x="2"', None)
+            s.append_many([b])
+            assert s.con.execute("SELECT count(*) FROM samples").fetchone()[0] == 2
+        print(sorted(m for m in ("pyarrow", "pandas") if m in sys.modules))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
 def test_reopen_keeps_series_ids_and_samples(tmp_path):
     path = tmp_path / "s.duckdb"
     with Store.open(path) as s:
