@@ -77,26 +77,38 @@ class AlertingRuleState:
         self.external_url = external_url
         self.active: dict[LabelKey, Alert] = {}
 
+    def expand(self, text: str, metric: dict[str, str], value: float,
+               query: Callable[[str], list[QuerySample]] | None = None) -> str:
+        """One label or annotation of this rule expanded for a sample; a failure is put in the text, as Prometheus does."""
+        if "{{" not in text:  # no action: the template is its own text (the definitions before it print nothing)
+            return text
+        try:
+            return expand_alert_template(text, metric, value, self.external_labels, self.external_url, query,
+                                         self.rule.name)
+        except Exception as e:  # Prometheus puts the error in the text, never drops the alert
+            return f"<error expanding template: {e}>"
+
+    def annotate(self, metric: dict[str, str], value: float,
+                 query: Callable[[str], list[QuerySample]] | None = None) -> dict[str, str]:
+        """The rule's annotations for one sample of its expression (`metric` with __name__, its value)."""
+        return {k: self.expand(v, metric, value, query) for k, v in self.rule.annotations.items()}
+
     def eval(self, vector: list[tuple[dict[str, str], float]], ts_ms: int, limit: int = 0,
-             query: Callable[[str], list[QuerySample]] | None = None) -> list[OutSample]:
-        """Advance the alerts with one evaluation's result; returns the ALERTS / ALERTS_FOR_STATE samples."""
+             query: Callable[[str], list[QuerySample]] | None = None, annotate: bool = True) -> list[OutSample]:
+        """Advance the alerts with one evaluation's result; returns the ALERTS / ALERTS_FOR_STATE samples.
+
+        With `annotate` off the alerts' annotations stay empty: a replay that needs only the last ones
+        expands them once from the alert's `expr_labels` and `value` (`annotate()`), the same inputs."""
         rule = self.rule
         fresh: dict[LabelKey, Alert] = {}
         for metric, value in vector:
-            def expand(text: str) -> str:
-                try:
-                    return expand_alert_template(text, metric, value, self.external_labels,
-                                                 self.external_url, query, rule.name)
-                except Exception as e:  # Prometheus puts the error in the text, never drops the alert
-                    return f"<error expanding template: {e}>"
-
             labels = {k: v for k, v in metric.items() if k != "__name__"}
             for k, v in rule.labels.items():
-                labels[k] = expand(v)
+                labels[k] = self.expand(v, metric, value, query)
             labels["alertname"] = rule.name
             # an empty label value means "no label", as in Prometheus' label builder
             labels = {k: v for k, v in labels.items() if v != ""}
-            annotations = {k: expand(v) for k, v in rule.annotations.items()}
+            annotations = self.annotate(metric, value, query) if annotate else {}
             key = label_key(labels)
             if key in fresh:
                 raise RuleEvalError("vector contains metrics with the same labelset after applying alert labels")

@@ -461,11 +461,14 @@ def _replay(rule: Rule, series: list[Any], start_ms: int, end_ms: int, step_ms: 
     state = AlertingRuleState(rule)
     open_: dict[tuple, Incident] = {}
     done: list[Incident] = []
+    # an incident's annotations are its alert's at its last firing step: expanded once, from that step's
+    # sample (templating every step of every alert was a fifth of a fresh diagnose)
+    last_sample: dict[int, tuple[dict[str, str], float]] = {}
     t = first
     while t <= end_ms:
         vector = by_t.get(t, [])
         if vector or state.active:
-            state.eval(vector, t)
+            state.eval(vector, t, annotate=False)
             firing_now = set()
             for a in state.active_alerts():
                 if a.state != FIRING:
@@ -475,7 +478,7 @@ def _replay(rule: Rule, series: list[Any], start_ms: int, end_ms: int, step_ms: 
                 inc = open_.get(key)
                 if inc is None:
                     inc = open_[key] = Incident(rule, dict(a.labels), a.fired_at_ms or t)
-                inc.annotations = dict(a.annotations)
+                last_sample[id(inc)] = (a.expr_labels, a.value)
                 inc.observe(a.value, t)
             for key in [k for k in open_ if k not in firing_now]:
                 inc = open_.pop(key)
@@ -484,7 +487,10 @@ def _replay(rule: Rule, series: list[Any], start_ms: int, end_ms: int, step_ms: 
         t += step_ms
     done.extend(open_.values())
     # keep episodes that overlap the window: fired by its end, not resolved before its start
-    return [i for i in done if i.start_ms <= end_ms and (i.end_ms is None or i.end_ms > start_ms)]
+    kept = [i for i in done if i.start_ms <= end_ms and (i.end_ms is None or i.end_ms > start_ms)]
+    for inc in kept:
+        inc.annotations = state.annotate(*last_sample[id(inc)])
+    return kept
 
 
 def window_evaluator(rules: list[RuleFile] | list[RuleGroup], step_ms: int = DEFAULT_STEP_MS,

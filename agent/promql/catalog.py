@@ -120,6 +120,11 @@ class Catalogs:
         self._lock = threading.Lock()
         self._current = Catalog()
 
+    @property
+    def version(self) -> tuple[int, int] | None:
+        """The version of the catalog loaded last (None before the first load)."""
+        return self._current.version
+
     def current(self, cur: duckdb.DuckDBPyConnection, version: tuple[int, int] | None = None) -> Catalog:
         """The catalog at the store's version (`version`: known already, else asked), loaded if it changed.
 

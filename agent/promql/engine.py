@@ -201,7 +201,8 @@ class Engine:
     def _series_version(self) -> tuple[int, int] | None:
         # the live engine reads the writer's own store, whose series ids are dense from 0: no query needed
         if self._windows is None:
-            return None
+            # a file no writer can touch while it is open: the catalog loaded once stays current
+            return self._catalogs.version if getattr(self.store, "series_fixed", False) else None
         n = self.store.series_count
         return (n, n - 1)
 

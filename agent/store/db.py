@@ -131,6 +131,9 @@ class Store:
         self.con = con
         self.path = path
         self.read_only = read_only
+        # a file opened read-only: DuckDB's lock keeps every writer out while it is open, so its series never
+        # change (a reader() view of a writable store is read-only but not fixed: its writer goes on adding)
+        self.series_fixed = read_only
         self._lock = threading.RLock()
         self._series: dict[tuple[str, str, str], int] = {}  # (instance, metric, label text as seen)
         # (instance, samples, first and last metric) -> (metrics, label texts, series ids) of its last batch

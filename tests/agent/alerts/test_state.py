@@ -228,3 +228,22 @@ def test_nan_value_is_kept() -> None:
     st = AlertingRuleState(alert_rule())
     st.eval([({"i": "1"}, float("nan"))], 0)
     assert math.isnan(st.active_alerts()[0].value)
+
+
+def test_alerts_evaluated_without_annotations_get_the_same_ones_from_annotate() -> None:
+    """A replay expands annotations once, at an incident's last firing step, from the alert's sample: the
+    same text an evaluation with annotations gives, a template error included; static labels are their text."""
+    rule = alert_rule(labels={"severity": "high", "tier": "{{ $labels.instance }}-x"},
+                      annotations={"summary": "{{ $labels.instance }}: {{ $value | humanize }}",
+                                   "static": "no action }} here", "bad": "{{ $value | nosuchfn }}"})
+    full, lean = AlertingRuleState(rule), AlertingRuleState(rule)
+    for t, v in ((0, 5.0), (S, 7.5), (2 * S, 1234.0)):
+        sample = [({"__name__": "x", "instance": "a"}, v)]
+        full.eval(sample, t)
+        lean.eval(sample, t, annotate=False)
+    [a], [b] = full.active_alerts(), lean.active_alerts()
+    assert a.labels == b.labels and a.labels["tier"] == "a-x" and a.labels["severity"] == "high"
+    assert b.annotations == {}
+    assert lean.annotate(b.expr_labels, b.value) == a.annotations
+    assert a.annotations["summary"] == "a: 1.234k" and a.annotations["static"] == "no action }} here"
+    assert a.annotations["bad"].startswith("<error expanding template:")

@@ -46,3 +46,27 @@ def test_engines_over_one_store_share_its_catalog_and_see_new_series():
     assert shared_catalogs(store).current(store.cursor()) is loaded  # b did not load it again
     _write(store, 2_000, 3)
     assert len(b.instant("vllm:num_requests_running", 2_000)) == 3
+
+
+def test_a_file_opened_read_only_asks_its_series_table_once_and_a_writers_reader_keeps_asking(tmp_path, monkeypatch):
+    """No writer can touch a file open read-only, so its catalog is loaded once per process; a reader()
+    view of the daemon's writable store is read-only too, but its writer goes on adding series."""
+    from vllm_sentinel.agent.store import series_table
+    asked = []
+    real = series_table.series_version
+    monkeypatch.setattr(series_table, "series_version", lambda cur: asked.append(1) or real(cur))
+    path = tmp_path / "s.duckdb"
+    with Store.open(path) as writer:
+        _write(writer, 1_000, 2)
+        view = Engine(writer.reader())
+        assert len(view.instant("vllm:num_requests_running", 1_000)) == 2
+        _write(writer, 2_000, 3)
+        assert len(view.instant("vllm:num_requests_running", 2_000)) == 3
+    assert len(asked) == 2
+    asked.clear()
+    with Store.open(path, read_only=True) as store:
+        engine = Engine(store)
+        for t in (1_000, 2_000, 2_000):
+            engine.instant("vllm:num_requests_waiting", t)
+        assert len(Engine(store).instant("vllm:num_requests_running", 2_000)) == 3
+    assert len(asked) == 1
