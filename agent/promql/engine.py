@@ -30,6 +30,7 @@ from vllm_sentinel.agent.promql.parser import (PromQLError, Unsupported, check_a
                                                op_name, parse)
 from vllm_sentinel.agent.promql.catalog import Catalog, shared_catalogs
 from vllm_sentinel.agent.promql.window_cache import WindowCache
+from vllm_sentinel.agent.promql.read_memo import WindowReads
 from vllm_sentinel.agent.store import window_sql
 
 __all__ = ["Engine", "Sample", "Series", "PromQLError", "Unsupported"]
@@ -108,6 +109,8 @@ class Engine:
         # incremental: evaluated again and again at advancing times (the daemon's rules): range windows are
         # kept and topped up with what the store wrote since, instead of read whole each time
         self._windows = WindowCache() if incremental else None
+        # a file no one writes to while it is open (diagnose's own): a window read inside an earlier one is cut from it
+        self._reads = WindowReads() if not incremental and getattr(store, "series_fixed", False) else None
         # tests only: when True, aggregations note in `_order_sensitive` whether their answer depends on the
         # order series arrive in (Prometheus' own order is Go map iteration order, i.e. random)
         self._check_order = False
@@ -467,8 +470,12 @@ class Engine:
         elif (rolled := self._rolled(name, ctx, sids, offset, rng)) is not None:
             rows, steps, values, good = rolled
         else:
-            found = (self._windows.samples(ctx.cur, self.store, sids, lo, hi, offset) if self._windows is not None
-                     else window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi))
+            if self._windows is not None:
+                found = self._windows.samples(ctx.cur, self.store, sids, lo, hi, offset)
+            elif self._reads is not None:
+                found = self._reads.samples(ctx.cur, self.store, sids, lo, hi)
+            else:
+                found = window_sql.window_samples(ctx.cur, self.store.samples_sql(lo, hi), sids, lo, hi)
             samples = windows.Samples(*found)
             ref = ctx.grid.t_ms - offset
             win = windows.locate(samples, ref, rng)
