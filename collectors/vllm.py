@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from vllm_sentinel.collectors.aliases import resolve
 from vllm_sentinel.collectors.base import Batch, CollectorStatus
 from vllm_sentinel.collectors.exposition import ParseError, Shape, looks_openmetrics, parse
+from vllm_sentinel.collectors.scrape_async import AsyncKeptConnection
 from vllm_sentinel.collectors.scrape_http import (ACCEPT, Fetch, KeptConnection, Response, ResponseTooLarge,
                                                   TruncatedBody, http_fetch)
 from vllm_sentinel.collectors.target_labels import TargetLabels
@@ -73,6 +74,10 @@ class VllmCollector:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self._fetch: Fetch = fetch or KeptConnection()
+        # with the default fetch, a daemon may run the scrape on its asyncio loop instead of a thread;
+        # an injected fetch is blocking, so there is no async form of it
+        self._fetch_async = AsyncKeptConnection() if fetch is None else None
+        self.collect_async = self._collect_async if fetch is None else None
         self.target_labels = TargetLabels(labels)  # a targets file's labels, on every series of this target
         # (metric, label text) of every series in the last successful scrape, for staleness
         self._live: set[tuple[str, str]] = set()
@@ -84,17 +89,35 @@ class VllmCollector:
 
     def collect(self, now_ms: int) -> Batch:
         """Scrape once; never raises. Failures give `up 0`, stale markers and a status with the fix."""
-        batch = Batch(instance=self.instance, ts_ms=now_ms)
         started = time.monotonic()
+        try:
+            outcome: Response | Exception = self._fetch(self.url, self.timeout_s, self.max_bytes)
+        except Exception as exc:  # one bad target must never stop the sidecar
+            outcome = exc
+        return self._batch(now_ms, started, outcome)
+
+    async def _collect_async(self, now_ms: int) -> Batch:
+        """collect() on an asyncio loop: the fetch waits without a thread, the body is read on the loop."""
+        started = time.monotonic()
+        try:
+            outcome: Response | Exception = await self._fetch_async(self.url, self.timeout_s, self.max_bytes)
+        except Exception as exc:  # one bad target must never stop the sidecar
+            outcome = exc
+        return self._batch(now_ms, started, outcome)
+
+    def _batch(self, now_ms: int, started: float, outcome: Response | Exception) -> Batch:
+        """The scrape's Batch from what the fetch returned or raised."""
+        batch = Batch(instance=self.instance, ts_ms=now_ms)
         detail: dict[str, object] = {"target": self.url}
         error: str | None = None
         up = 0.0
         samples = 0
         try:
-            response = self._fetch(self.url, self.timeout_s, self.max_bytes)
-            error = self._check_response(response)
+            if isinstance(outcome, Exception):
+                raise outcome
+            error = self._check_response(outcome)
             if error is None:
-                error, samples = self._add_samples(batch, response, detail)
+                error, samples = self._add_samples(batch, outcome, detail)
                 up = 1.0 if samples else 0.0
         except Exception as exc:  # one bad target must never stop the sidecar
             error = self._explain(exc)
@@ -169,9 +192,10 @@ class VllmCollector:
 
     def close(self) -> None:
         """Close the connection kept to the target (the sidecar calls this when the target goes)."""
-        close = getattr(self._fetch, "close", None)
-        if close is not None:
-            close()
+        for fetch in (self._fetch, self._fetch_async):
+            close = getattr(fetch, "close", None)
+            if close is not None:
+                close()
 
     def retire(self, now_ms: int) -> Batch:
         """The target is gone from the targets: a stale marker for each of its series, `up` and scrape_* included.
@@ -197,8 +221,9 @@ class VllmCollector:
             return (f"{url}: response larger than the limit of {self.max_bytes} bytes ({exc}); "
                     "raise --scrape-max-bytes if this is really vLLM")
         if isinstance(exc, (TruncatedBody, http.client.IncompleteRead)):
-            got = exc if isinstance(exc, TruncatedBody) else f"{len(exc.partial)} bytes into a chunk"
-            return (f"{url}: body cut off after {got} (the server or a proxy closed the connection "
+            # a chunked body's byte count is left out: http.client's read1 knows only the current chunk's
+            cut = f"body cut off after {exc}" if isinstance(exc, TruncatedBody) else "chunked body cut off"
+            return (f"{url}: {cut} (the server or a proxy closed the connection "
                     "early); nothing of this scrape was kept: check the proxy's buffer and timeouts, "
                     "or the vLLM server's log for a crash")
         if isinstance(exc, ConnectionRefusedError):

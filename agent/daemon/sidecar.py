@@ -1,7 +1,7 @@
 """The sidecar daemon: collectors on a schedule -> one writer thread -> the store (+ rules, API, own metrics).
 
-Collection runs on the daemon's clock (`schedule.py`: one job per collector on a thread pool, never
-overlapping itself);
+Collection runs on the daemon's clock (`schedule.py`: one job per collector, never overlapping itself;
+the targets' scrapes on the clock's own asyncio loop, the other collectors on a thread pool);
 a single writer thread owns every write to DuckDB, so a tick is one transaction and nothing
 else ever holds the write path.
 """
@@ -33,7 +33,8 @@ log = logging.getLogger("vllm_sentinel.sidecar")
 DAY_MS = 86_400_000
 GATHER_FRACTION = 0.2  # a tick's batches are gathered for a fifth of the interval before one commit
 GATHER_MAX_S = 0.25
-WRITER_STUCK_S = 120.0  # the writer goes round every 0.2 s; this long without is a commit that never returns
+WRITER_STUCK_S = 120.0
+POOL_WORKERS = 8  # the writer goes round every 0.2 s; this long without is a commit that never returns
 
 
 @dataclass
@@ -78,10 +79,11 @@ class Sidecar:
         self.committer = Committer(store, self.metrics, self.config.queue_max_batches)
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
-        # threads start only when needed: the ceiling leaves room for targets a targets file adds later.
-        # A collection still running when its next one is due is skipped, never overlapped: that is
-        # counted (vllm_sentinel_collections_skipped_total), not logged once a second
-        self._scheduler = Schedule(max(16, len(collectors) + 2),
+        # the targets' scrapes wait on the clock's loop; the pool runs the rest (process collectors, NVML,
+        # targets files), its threads started only when needed and not more with more targets. A
+        # collection still running when its next one is due is skipped, never overlapped (so a hung job
+        # holds one worker, no more): that is counted (vllm_sentinel_collections_skipped_total)
+        self._scheduler = Schedule(POOL_WORKERS,
                                    on_skip=lambda name: self.metrics.skipped.labels(name).inc())
         self._api: ApiServer | None = None
         self._metrics_server: object | None = None
@@ -187,7 +189,11 @@ class Sidecar:
     def _schedule(self, c: Collector) -> None:
         # a collector may ask for a slower cadence than the scrape interval (process discovery)
         every = max(getattr(self, "_interval_now", self.config.interval_s), getattr(c, "interval_s", 0) or 0)
-        self._scheduler.add(c.name, lambda: self._collect_one(c), every)
+        collect_async = getattr(c, "collect_async", None)
+        if collect_async is not None:  # a scrape that waits on the clock's loop, not on a thread of its own
+            self._scheduler.add(c.name, lambda: self._collect_one_async(c, collect_async), every, on_loop=True)
+        else:
+            self._scheduler.add(c.name, lambda: self._collect_one(c), every)
 
     # -- work --------------------------------------------------------------------------------
     def _keep_cpu_budget(self) -> None:
@@ -203,21 +209,41 @@ class Sidecar:
         log.warning("cpu budget: collecting every %gs (%s)", interval, self.config.cpu_budget.status()["summary"])
 
     def _collect_one(self, collector: Collector) -> None:
+        t0 = self._starting(collector)
+        try:
+            batch = collector.collect(now_ms())
+        except Exception as e:  # a collector must not raise; if one does, the daemon survives it
+            self._raised(collector, e)
+            return
+        self._collected(collector, batch, t0)
+
+    async def _collect_one_async(self, collector: Collector, collect_async) -> None:
+        t0 = self._starting(collector)
+        try:
+            batch = await collect_async(now_ms())
+        except Exception as e:  # a collector must not raise; if one does, the daemon survives it
+            self._raised(collector, e)
+            return
+        self._collected(collector, batch, t0)
+
+    def _starting(self, collector: Collector) -> float:
+        """The collection's start, its gap since the last one observed."""
         t0 = time.monotonic()
         previous_start = self._last_start.get(collector.name)
         self._last_start[collector.name] = t0
         if previous_start is not None:
             self.metrics.collection_gap.labels(collector.name).observe(t0 - previous_start)
-        try:
-            batch = collector.collect(now_ms())
-        except Exception as e:  # a collector must not raise; if one does, the daemon survives it
-            log.exception("collector %s raised", collector.name)
-            with self._enqueue:
-                if collector not in self._retired:
-                    self.statuses[collector.name] = CollectorStatus(collector.name, ok=False,
-                                                                    error=f"{type(e).__name__}: {e}")
-            self.metrics.scrapes.labels(collector.name, "error").inc()
-            return
+        return t0
+
+    def _raised(self, collector: Collector, e: Exception) -> None:
+        log.exception("collector %s raised", collector.name)
+        with self._enqueue:
+            if collector not in self._retired:
+                self.statuses[collector.name] = CollectorStatus(collector.name, ok=False,
+                                                                error=f"{type(e).__name__}: {e}")
+        self.metrics.scrapes.labels(collector.name, "error").inc()
+
+    def _collected(self, collector: Collector, batch: Batch, t0: float) -> None:
         took = time.monotonic() - t0
         status = batch.status or CollectorStatus(collector.name)
         with self._enqueue:  # a collector retired meanwhile leaves no status, gauge or batch behind

@@ -67,8 +67,7 @@ def test_a_job_behind_schedule_runs_once_then_keeps_its_cadence():
     try:
         _wait(lambda: ran == [0.0] and not job.running)
         now[0] = 10.5  # the host slept through ten runs
-        with s._cond:
-            s._cond.notify()
+        s.wake()
         _wait(lambda: len(ran) == 2 and not job.running)
         assert job.due == pytest.approx(11.5)  # one run now, the next one interval later: no burst of ten
     finally:
