@@ -14,7 +14,7 @@ test:
 test-fast:
 	@scripts/setup.sh --with-tests
 	scripts/lint_layers.sh
-	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not integration" tests
+	.venv/bin/python -m pytest -q -p no:cacheprovider -m "not integration and not packaging" tests
 
 setup:
 	@scripts/setup.sh --with-tests

@@ -11,11 +11,14 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING
 
-import click
 import typer
 import typer.core
 import typer.main
+
+if TYPE_CHECKING:  # typer 0.29 carries its own click (typer._click) and no longer installs click
+    import click
 
 # command -> its module in agent/cli (each a thin typer app of one command), in the order --help lists them
 COMMANDS = {"run": "run", "diagnose": "diagnose", "compare": "compare", "capacity": "capacity", "ingest": "ingest",
