@@ -11,6 +11,7 @@ import ast
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -129,9 +130,13 @@ def _user_commands(bin_dir: Path, work: Path) -> list[str]:
 def test_the_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     """The wheel, installed with only its declared dependencies (as `pip install vllm-sentinel` would), runs
     the first commands of the README; then once more after each extra a user installs beside it."""
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__",
+                                                                 "*.duckdb", ".work", ".whl", ".device"))
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-          str(ROOT)], tmp_path)
+          str(source)], tmp_path)
     wheel = next(wheels.glob("vllm_sentinel-*.whl"))
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
