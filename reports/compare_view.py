@@ -1,7 +1,8 @@
 """The compare document for people: a terminal table, and Markdown with one before/after chart per signal.
 
-The configuration difference heads both, then the verdict and its reasons, then one row per signal
-(before, after, change, significant, better). Charts draw each signal's per-interval values of
+The configuration difference heads both, then the SLO block (the objectives, attainment and goodput
+before -> after), then the verdict and its reasons, then one row per signal (before, after, change,
+significant, better). Charts draw each signal's per-interval values of
 both windows on one time axis, the stretch between them (the change, the restart) shaded.
 """
 
@@ -17,9 +18,10 @@ from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
 from vllm_sentinel.reports.charts import CHARTS_MISSING, chart_data, chart_filename, charts_available, draw_chart
 from vllm_sentinel.reports.mdescape import escape_md
 
-VERDICT_STYLE = {"improved": "bold green", "regressed": "bold red", "no clear change": "yellow"}
-# the signals charted in Markdown: one per family, the ones the verdict weighs
-CHARTED = ("ttft_p95_seconds", "itl_p95_seconds", "queue_time_p95_seconds", "e2e_p95_seconds",
+VERDICT_STYLE = {"improved": "bold green", "regressed": "bold red", "trade-off": "bold yellow",
+                 "no clear change": "yellow"}
+# the signals charted in Markdown: goodput and attainment, one per family, the ones the verdict weighs
+CHARTED = ("goodput_rps", "slo_attainment", "ttft_p95_seconds", "itl_p95_seconds", "queue_time_p95_seconds", "e2e_p95_seconds",
            "request_rate_per_s", "generation_tokens_per_s", "preemptions_per_s", "kv_cache_usage_ratio",
            "gpu_util_percent", "dram_active_ratio")
 
@@ -46,6 +48,25 @@ def config_lines(doc: dict) -> list[str]:
             for c in doc["config_changes"]]
 
 
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.3g}%"
+
+
+def _seconds(s: float) -> str:
+    return f"{s:g} s" if s >= 1 else f"{s * 1000:g} ms"
+
+
+def slo_lines(doc: dict) -> list[str]:
+    """The SLO block in words: the objectives, then attainment and goodput before -> after; [] without one."""
+    slo = doc.get("slo")
+    if not slo:
+        return []
+    att, good = slo["attainment"], slo["goodput_rps"]
+    return [f"TTFT p95 < {_seconds(slo['ttft_p95_s'])}, TPOT p95 < {_seconds(slo['tpot_p95_s'])}",
+            f"attainment {_share(att['before'])} -> {_share(att['after'])}; goodput "
+            f"{fmt_number(good['before'])} -> {fmt_number(good['after'])} requests/s"]
+
+
 def headline(doc: dict) -> str:
     """The first line: what is compared with what."""
     w = doc["window"]
@@ -63,9 +84,14 @@ def render_compare(console: Console, doc: dict) -> None:
     lines = config_lines(doc)
     console.print("[bold]configuration:[/] " + (escape("; ".join(lines)) if lines else "no difference recorded"),
                   highlight=False)
+    slo = slo_lines(doc)
+    if slo:
+        console.print(f"[bold]SLO:[/] {escape(slo[0])}", highlight=False)
+        console.print(f"  {escape(slo[1])}", highlight=False)
     style = VERDICT_STYLE.get(doc["verdict"], "bold")
-    reasons = "; ".join(doc.get("verdict_reasons") or []) or "no headline signal changed beyond the noise"
-    console.print(f"[{style}]verdict: {escape(doc['verdict'])}[/] ({escape(reasons)})", highlight=False)
+    console.print(f"[{style}]verdict: {escape(doc['verdict'])}[/]", highlight=False)
+    for reason in doc.get("verdict_reasons") or ["no headline signal changed beyond the noise"]:
+        console.print(f"  {escape(reason)}", highlight=False)
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("signal", no_wrap=True)
     for col, justify in ( ("before", "right"), ("after", "right"), ("change", "right"),
@@ -100,6 +126,7 @@ def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
                   f"{escape_md(c['after'] or '-')} | {escape_md(c.get('at') or '-')} |" for c in doc["config_changes"]]
     else:
         lines.append("No configuration difference recorded.")
+    lines += _slo_markdown(doc)
     reasons = doc.get("verdict_reasons") or ["no headline signal changed beyond the noise"]
     lines += ["", f"## Verdict: {escape_md(doc['verdict'])}", ""] + [f"* {escape_md(r)}" for r in reasons]
     inc = doc["incidents"]
@@ -113,6 +140,18 @@ def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
               f"{escape_md(s['method'])} |" for s in doc["signals"]]
     lines += ["", "## Charts", ""] + _chart_lines(doc, chart_dir)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _slo_markdown(doc: dict) -> list[str]:
+    """The SLO section: objectives, attainment and goodput before and after, and how they were read."""
+    if not doc.get("slo"):
+        return []
+    slo, att, good = doc["slo"], doc["slo"]["attainment"], doc["slo"]["goodput_rps"]
+    return ["", "## SLO", "", "Objectives: " + escape_md(slo_lines(doc)[0]) + ".", "",
+            "| | before | after |", "|---|---|---|",
+            f"| SLO attainment | {_share(att['before'])} | {_share(att['after'])} |",
+            f"| goodput (requests/s) | {fmt_number(good['before'])} | {fmt_number(good['after'])} |", "",
+            f"Method: {escape_md(slo['method'])}."]
 
 
 def _chart_lines(doc: dict, chart_dir: Path | None) -> list[str]:

@@ -11,11 +11,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
-from vllm_sentinel.agent.alerts.rulepack import load_pack
-from vllm_sentinel.agent.alerts.ruleparams import load_params_file
 from vllm_sentinel.agent.cli.common import (DbOption, Exit, ParamsOption, RulesOption, check_format, db_path,
                                             duration_ms, err, fail, out, print_json, window)
+from vllm_sentinel.agent.cli.objectives import TpotOption, TtftOption, objectives, pack_values
 from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
@@ -37,10 +35,8 @@ MIN_BIN_MS = 5000
 
 @app.command()
 @prometheus_options
-def capacity(ttft_p95: Optional[str] = typer.Option(None, "--ttft-p95", help="TTFT p95 objective, e.g. 2s "
-                                                    "(default: the rules' ttft_slo_seconds)"),
-             tpot_p95: Optional[str] = typer.Option(None, "--tpot-p95", help="TPOT (inter-token latency) p95 "
-                                                    "objective, e.g. 100ms (default: the rules' tpot_slo_seconds)"),
+def capacity(ttft_p95: Optional[str] = TtftOption,
+             tpot_p95: Optional[str] = TpotOption,
              bin_: str = typer.Option("30s", "--bin", help="time bin: load and latency are read per bin"),
              since: str = typer.Option("24h", help="history to read, ending at --until"),
              until: Optional[str] = typer.Option(None, help="history end: RFC 3339 or Unix seconds (default: now)"),
@@ -100,27 +96,9 @@ def _query(start: int, end: int, bin_: str, ttft: Optional[str], tpot: Optional[
         raise fail(f"--bin {bin_}: use whole seconds, at least {MIN_BIN_MS // 1000}s (e.g. 30s, 1m)", Exit.USAGE)
     if bin_ms > end - start:
         raise fail(f"--bin {bin_} is longer than --since: take a shorter bin or a longer window", Exit.USAGE)
-    try:
-        overrides = load_params_file(params) if params else None
-        pack = load_pack(rules, overrides)
-    except (RuleFileError, OSError) as e:
-        raise fail(str(e)) from None
-    values = {k: v for f in pack for k, v in f.params.items()}
-    where = f"rule params{f' with {overrides.source}' if overrides else ''}"
-    slo = []
-    for flag, given, name in (("--ttft-p95", ttft, "ttft_slo_seconds"), ("--tpot-p95", tpot, "tpot_slo_seconds")):
-        if given is not None:
-            seconds = duration_ms(given, flag) / 1000
-        elif name in values:
-            seconds = float(values[name])
-        else:
-            raise fail(f"no {flag} and no {name} in the rule params: give {flag}", Exit.USAGE)
-        if seconds <= 0:
-            raise fail(f"{flag} {given}: an objective must be above zero, e.g. {flag} 2s", Exit.USAGE)
-        slo.append(seconds)
-    source = ", ".join(f"{'TTFT' if i == 0 else 'TPOT'} from {flag if g is not None else where}"
-                       for i, (flag, g) in enumerate((("--ttft-p95", ttft), ("--tpot-p95", tpot))))
-    return CapacityQuery(start, end, bin_ms, slo[0], slo[1], source, instance, target, knee_factor,
+    values, where = pack_values(rules, params)
+    ttft_s, tpot_s, source = objectives(ttft, tpot, values, where)
+    return CapacityQuery(start, end, bin_ms, ttft_s, tpot_s, source, instance, target, knee_factor,
                          float(values.get("hol_prompt_spread_ratio", 4)), float(values.get("hol_itl_spike_ratio", 5)))
 
 

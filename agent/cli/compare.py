@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -9,10 +10,11 @@ from typing import Optional
 
 import typer
 
-from vllm_sentinel.agent.alerts.rulemodel import RuleFileError
+from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleFileError
 from vllm_sentinel.agent.alerts.rulepack import load_pack
-from vllm_sentinel.agent.cli.common import (DbOption, Exit, check_format, db_path, duration_ms, err, fail, out,
-                                            print_json, window)
+from vllm_sentinel.agent.cli.common import (DbOption, Exit, ParamsOption, RulesOption, check_format, db_path,
+                                            duration_ms, err, fail, out, print_json, window)
+from vllm_sentinel.agent.cli.objectives import TpotOption, TtftOption, objectives, pack_values
 from vllm_sentinel.agent.cli.prometheus_options import PrometheusArgs, prometheus_options
 from vllm_sentinel.agent.cli.source import daemon_or_file
 from vllm_sentinel.agent.daemon.client import ApiError
@@ -48,23 +50,30 @@ def compare(change: str = typer.Option("auto", "--change", help="auto: around th
                                                      "as long as the data either side allows)"),
             interval: Optional[str] = typer.Option(None, help="interval the significance test compares (default: "
                                                    "a twelfth of the window, 10 s at least)"),
+            ttft_p95: Optional[str] = TtftOption,
+            tpot_p95: Optional[str] = TpotOption,
             fmt: str = typer.Option("table", "--format", help="table, markdown or json"),
             out_dir: Optional[Path] = typer.Option(None, "--out", help="with --format markdown: write compare.md "
                                                    "and its charts into this directory"),
+            rules: Optional[list[Path]] = RulesOption,
+            params: Optional[Path] = ParamsOption,
             db: Optional[Path] = DbOption,
             remote: PrometheusArgs = PrometheusArgs()) -> None:
-    """Verify a fix: signals before and after a change, each tested against the noise, and a verdict."""
+    """Verify a fix: goodput, SLO attainment and signals before and after a change, tested against the noise."""
     check_format(fmt, ("table", "markdown", "json"))
     if out_dir is not None and fmt != "markdown":
         raise fail("--out writes the Markdown and its charts: use it with --format markdown", Exit.USAGE)
     engine = remote.engine(db)
     req = _request(change, before, after, instance, versus, since, until, settle, window_len, interval)
+    ttft_s, tpot_s, slo_source = objectives(ttft_p95, tpot_p95, *pack_values(rules, params))
+    req = dataclasses.replace(req, ttft_slo_s=ttft_s, tpot_slo_s=tpot_s, slo_source=slo_source)
     try:
         with err.status("comparing the windows (incidents replayed over each)"):
+            pack = load_pack(rules, params)
             if engine is not None:
-                doc = compare_windows(remote_compare_source(engine, load_pack()), req)
+                doc = compare_windows(remote_compare_source(engine, pack), req)
             else:
-                doc = _from_store(db_path(db), req)
+                doc = _from_store(db_path(db), req, pack)
     except (NoDataInWindow, NoChangeFound, CompareError, StoreError, ApiError, PrometheusError, PromQLError,
             RuleFileError) as e:
         raise fail(str(e)) from None
@@ -102,10 +111,10 @@ def _request(change: str, before: Optional[str], after: Optional[str], instance:
     return CompareRequest(stretch, instance, versus, spans[0], spans[1], settle_ms, interval_ms, window_ms)
 
 
-def _from_store(db: Path, req: CompareRequest) -> dict:
-    """The compare document from the daemon that owns `db`, else from the file read-only."""
+def _from_store(db: Path, req: CompareRequest, pack: list[RuleFile]) -> dict:
+    """The compare document from the daemon that owns `db` (its own rules replayed), else from the file read-only."""
     def from_file(store: object) -> dict:
-        return compare_windows(store_source(store, pack_window_evaluator(load_pack())), req)
+        return compare_windows(store_source(store, pack_window_evaluator(pack)), req)
 
     answer = daemon_or_file(db, "/v1/compare", request_query(req), from_file, timeout=300.0)
     if answer.daemon is None:

@@ -14,10 +14,17 @@ end. One that began before the after window and resolved inside it is the before
 over: a rule's window (preemptions over 2 m) still reads the samples from before the change for a
 while, and a replay finds such a condition true from the after window's first evaluation.
 
-The verdict weighs the headline signals (p95 latencies, throughput, preemptions) that changed
-significantly, and the incidents that stopped or started (each counts twice: an incident is
-several signals agreeing); with no headline signal beyond the noise it is "no clear change",
-whatever the incidents did.
+Each side is also judged against latency objectives (agent/diagnosis/compare_slo.py): SLO
+attainment, the share of requests under the TTFT and TPOT objectives, and goodput, the requests
+per second that met them, both tested per interval like the other signals. The verdict is one
+procedure: goodput that changed significantly decides it (improved or regressed), and the
+headline signals (p95 latencies, throughput, preemptions) that moved the other way are named as
+its cost. Where goodput is flat (or zero on both sides: every request missed, or unreadable) the
+significant headline signals decide: better and worse together are a trade-off, named as what
+was bought with what; only better is improved, only worse regressed, none no clear change.
+Incidents that stopped or started are listed but never turn a verdict: an incident that stopped
+while goodput fell is no improvement, and one can miss a short window (its `for`, a live
+evaluation stretched on a busy host).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_sentinel.agent.diagnosis.compare_signals import (NEUTRAL, REQUEST_RATE, SIGNALS, Signal, WindowValues,
-                                                          present, window_values)
+from vllm_sentinel.agent.diagnosis.compare_signals import (NEUTRAL, REQUEST_RATE, SIGNALS, SLO_SIGNALS, Signal,
+                                                          WindowValues, present, window_values)
+from vllm_sentinel.agent.diagnosis.compare_slo import ATTAINMENT, GOODPUT, Objectives, slo_block
 from vllm_sentinel.agent.diagnosis.compare_windows import ChangeWindows, NoChangeFound, auto_windows
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
 from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
@@ -36,7 +44,6 @@ from vllm_sentinel.collectors.timefmt import iso_seconds, parse_rfc3339_ms
 
 LOAD_TOLERANCE = 0.10  # request rates within 10 %: the same traffic, nothing rescaled
 MIN_EFFECT_PCT = 5.0  # a significant change is also at least this large
-INCIDENT_WEIGHT = 2
 DEFAULT_SETTLE_MS = 60_000
 # intervals: about INTERVALS_A_SIDE per window, never under MIN_INTERVAL_MS (a rate needs a few scrapes)
 INTERVALS_A_SIDE = 12
@@ -75,23 +82,31 @@ class CompareRequest:
     settle_ms: int = DEFAULT_SETTLE_MS
     interval_ms: int | None = None  # None: the window's length / INTERVALS_A_SIDE, in whole 5 s
     window_ms: int | None = None
+    ttft_slo_s: float = 2.0  # the objectives attainment and goodput are judged by
+    tpot_slo_s: float = 0.1
+    slo_source: str = "defaults"  # where the objectives came from, in words
 
 
 def compare(source: CompareSource, req: CompareRequest) -> dict:
-    """The compare document: windows, config changes, signals with significance, incidents, verdict."""
+    """The compare document: windows, config changes, SLO block, signals with significance, incidents, verdict."""
+    if not (req.ttft_slo_s > 0 and req.tpot_slo_s > 0):
+        raise CompareError(f"objectives TTFT {req.ttft_slo_s:g} s, TPOT {req.tpot_slo_s:g} s: both must be above "
+                           "zero, e.g. --ttft-p95 2s --tpot-p95 100ms")
+    objectives = Objectives(req.ttft_slo_s, req.tpot_slo_s)
     instance = _instance(source, req)
     windows = _windows(source, req, instance)
     other = req.versus or instance
     interval = req.interval_ms or interval_for(windows.before[1] - windows.before[0])
-    before = window_values(source.engine, instance, *windows.before, interval)
-    after = window_values(source.engine, other, *windows.after, interval)
+    before = window_values(source.engine, instance, *windows.before, interval, objectives)
+    after = window_values(source.engine, other, *windows.after, interval, objectives)
     for side, values, inst, (lo, hi) in (("before", before, instance, windows.before),
                                          ("after", after, other, windows.after)):
         if not present(values):
             raise NoDataInWindow(f"no vLLM samples of {inst} in the {side} window {iso_seconds(lo)} .. "
                                  f"{iso_seconds(hi)} in {source.name}; check --instance and the windows")
     load = _load(before, after)
-    signals = [s for s in (_signal(sig, before, after, load, interval) for sig in SIGNALS) if s is not None]
+    signals = [s for s in (_signal(sig, before, after, load, interval) for sig in SLO_SIGNALS + SIGNALS)
+               if s is not None]
     changes = config_diff(source.config_at(instance, windows.before[1] - 1), source.config_at(other, windows.after[1]),
                           windows.change_ms)
     incidents = incident_changes(source.incidents(*windows.before, instance), source.incidents(*windows.after, other),
@@ -104,6 +119,9 @@ def compare(source: CompareSource, req: CompareRequest) -> dict:
         "config_changes": changes,
         "load": load,
         "interval_seconds": interval / 1000,
+        "slo": slo_block(objectives, req.slo_source, (before.slo, after.slo),
+                         (before.whole[ATTAINMENT], after.whole[ATTAINMENT]),
+                         (before.whole[GOODPUT], after.whole[GOODPUT])),
         "signals": [{k: v for k, v in s.items() if not k.startswith("_")} for s in signals],
         "incidents": incidents,
         "verdict": verdict,
@@ -247,20 +265,64 @@ def carried_over(inc: dict, start_ms: int, end_ms: int) -> bool:
 
 
 def decide(signals: list[dict], incidents: dict) -> tuple[str, list[str]]:
-    """improved / regressed / no clear change, and the reasons: significant headline signals, incidents."""
+    """improved / regressed / trade-off / no clear change, and its reasons: goodput first, then the headline signals.
+
+    Every significant headline signal also has a reason of its own, "<name> <change> (better)" or
+    "(worse)", whatever decided; then the incidents that stopped or started, which decide nothing.
+    """
+    by_name = {s["name"]: s for s in signals}
     better = [s for s in signals if s["_headline"] and s["significant"] and s["better"] is True]
     worse = [s for s in signals if s["_headline"] and s["significant"] and s["better"] is False]
-    score = len(better) - len(worse) + INCIDENT_WEIGHT * (len(incidents["stopped"]) - len(incidents["started"]))
-    reasons = [f"{s['name']} {_change_text(s)} (better)" for s in better]
-    reasons += [f"{s['name']} {_change_text(s)} (worse)" for s in worse]
-    reasons += [f"incident {n} stopped" for n in incidents["stopped"]]
-    reasons += [f"incident {n} started" for n in incidents["started"]]
-    if not better and not worse:
-        # an incident can miss a short window (its `for`, a live evaluation stretched on a busy host):
-        # without a signal beyond the noise, it is not enough for a verdict
-        return "no clear change", reasons + ["no headline signal changed beyond the noise"] if reasons else []
-    verdict = "improved" if score > 0 else "regressed" if score < 0 else "no clear change"
-    return verdict, reasons
+    itemised = [f"{s['name']} {_change_text(s)} (better)" for s in better]
+    itemised += [f"{s['name']} {_change_text(s)} (worse)" for s in worse]
+    itemised += [f"incident {n} stopped" for n in incidents["stopped"]]
+    itemised += [f"incident {n} started" for n in incidents["started"]]
+    good, share = by_name.get(GOODPUT), by_name.get(ATTAINMENT)
+    if good is not None and good["significant"] and good["better"] is not None:
+        verdict = "improved" if good["better"] else "regressed"
+        other_way = worse if good["better"] else better
+        lead = _slo_text(good, share)
+        if other_way:
+            lead += f", {'at the cost of' if good['better'] else 'despite'} {_changes(other_way)}"
+        return verdict, [lead] + itemised
+    reasons = [_flat_goodput_text(good, share)]
+    if better and worse:
+        return "trade-off", reasons + [f"{_changes(better)} bought with {_changes(worse)}"] + itemised
+    if better or worse:
+        return ("improved" if better else "regressed"), reasons + itemised
+    return "no clear change", reasons + ["no headline signal changed beyond the noise"] + itemised
+
+
+def _changes(rows: list[dict]) -> str:
+    """'ttft_p95_seconds +98%, queue_time_p95_seconds +51%'."""
+    return ", ".join(f"{s['name']} {_change_text(s)}" for s in rows)
+
+
+def _share_text(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.3g}%"
+
+
+def _rate_text(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3g}"
+
+
+def _slo_text(good: dict, share: dict | None) -> str:
+    """'goodput_rps 0.5 -> 1.4 /s (+180%), SLO attainment 41% -> 97%'."""
+    text = f"goodput_rps {_rate_text(good['before'])} -> {_rate_text(good['after'])} /s"
+    if good["delta_pct"] is not None:
+        text += f" ({good['delta_pct']:+.0f}%)"
+    if share is not None:
+        text += f", SLO attainment {_share_text(share['before'])} -> {_share_text(share['after'])}"
+    return text
+
+
+def _flat_goodput_text(good: dict | None, share: dict | None) -> str:
+    """Why goodput did not decide: unknown, zero on both sides, or not changed beyond the noise."""
+    if good is None or (good["before"] is None and good["after"] is None):
+        return "goodput unknown (no TTFT or TPOT histogram to read SLO attainment from): the headline signals decide"
+    if good["before"] == 0 and good["after"] == 0:
+        return "goodput_rps 0 on both sides (no request met the SLO): the headline signals decide"
+    return f"{_slo_text(good, share)}: goodput not changed beyond the noise, the headline signals decide"
 
 
 def _change_text(s: dict) -> str:

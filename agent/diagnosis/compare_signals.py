@@ -12,15 +12,23 @@ every series stale until the next one answers, and a counter that missed a scrap
 Counters and histograms, not sampled gauges, wherever the metric allows: a busy host answers
 /metrics between engine steps (KV usage and GPU activity are gauges: averaged over every scrape
 of each interval).
+
+SLO attainment and goodput (agent/diagnosis/compare_slo.py) come from the same boundaries: the TTFT
+and TPOT buckets' increases per interval, and the request counter's; over the whole window from
+the buckets' increase().
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from vllm_sentinel.agent.diagnosis.compare_slo import (ATTAINMENT, GOODPUT, SLO_HISTOGRAMS, TTFT_HISTOGRAM, Buckets,
+                                                       Objectives, SloReading, interval_values, side_values)
 from vllm_sentinel.agent.promql.functions import bucket_quantile
 from vllm_sentinel.agent.promql.remote import instant_all, range_all
 
@@ -76,7 +84,10 @@ SIGNALS: list[Signal] = _latencies() + [
     Signal("dram_active_ratio", "avg by (instance) (avg_over_time(DCGM_FI_PROF_DRAM_ACTIVE[{w}s]))", "ratio",
            NEUTRAL),
 ]
-BY_NAME = {s.name: s for s in SIGNALS}
+# read from the TTFT and TPOT buckets against the objectives (compare_slo.py), not from a template of their own
+SLO_SIGNALS: list[Signal] = [Signal(ATTAINMENT, "", "ratio", HIGHER_IS_BETTER),
+                             Signal(GOODPUT, "", "1/s", HIGHER_IS_BETTER)]
+BY_NAME = {s.name: s for s in SLO_SIGNALS + SIGNALS}
 
 
 @dataclass
@@ -85,27 +96,35 @@ class WindowValues:
 
     whole: dict[str, float | None]
     intervals: dict[str, list[tuple[int, float | None]]]  # [(interval end ms, value)]
+    slo: SloReading = field(default_factory=lambda: SloReading(False, None, None, None))
 
 
 def _finite(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) or math.isinf(v) else float(v)
 
 
-def window_values(engine: object, instance: str, start_ms: int, end_ms: int, interval_ms: int) -> WindowValues:
+def window_values(engine: object, instance: str, start_ms: int, end_ms: int, interval_ms: int,
+                  objectives: Objectives = Objectives()) -> WindowValues:
     """Every signal of `instance` over (start_ms, end_ms]: the window's value and each interval's.
 
     The intervals end at start + k * interval_ms (k = 1, 2, ...) and cover what finished in them;
-    a signal without data is None (whole) or has no points.
+    a signal without data is None (whole) or has no points. SLO attainment and goodput are judged
+    against `objectives`.
     """
     seconds = max(1, (end_ms - start_ms) // 1000)
     step_s = max(1, interval_ms // 1000)
-    wholes = instant_all(engine, [(s.expr.format(w=seconds), end_ms) for s in SIGNALS])
-    whole = {sig.name: next((_finite(x.value) for x in (result if isinstance(result, list) else [])
-                             if x.labels.get("instance") == instance), None) for sig, result in zip(SIGNALS, wholes)}
+    buckets_expr = "sum by (instance, le) (increase({}_bucket[{}s]))"
+    wholes = instant_all(engine, [(s.expr.format(w=seconds), end_ms) for s in SIGNALS] +
+                         [(buckets_expr.format(h, seconds), end_ms) for h in SLO_HISTOGRAMS])
+    whole = {sig.name: next((_finite(x.value) for x in _samples(result) if x.labels.get("instance") == instance), None)
+             for sig, result in zip(SIGNALS, wholes)}
+    whole_buckets = {h: _by_le(s for s in _samples(result) if s.labels.get("instance") == instance)
+                     for h, result in zip(SLO_HISTOGRAMS, wholes[len(SIGNALS):])}
+    read, whole[ATTAINMENT], whole[GOODPUT] = side_values(whole_buckets, whole.get(REQUEST_RATE), objectives)
     if start_ms + interval_ms > end_ms:
-        return WindowValues(whole, {sig.name: [] for sig in SIGNALS})
+        return WindowValues(whole, {sig.name: [] for sig in SLO_SIGNALS + SIGNALS}, read)
     counters = sorted({s.counter for s in SIGNALS if s.counter})
-    histograms = sorted({s.histogram for s in SIGNALS if s.histogram})
+    histograms = sorted({s.histogram for s in SIGNALS if s.histogram} | set(SLO_HISTOGRAMS))
     gauges = [s for s in SIGNALS if not s.counter and not s.histogram]
     # boundaries at start, start + interval, ...: what was counted by each, for the differences. The
     # last sample at or before each boundary, not the instant value: a failed scrape writes staleness
@@ -128,7 +147,29 @@ def window_values(engine: object, instance: str, start_ms: int, end_ms: int, int
             intervals[sig.name] = [(t, _bucket_quantile(sig.q or 0.5, by_le)) for t, by_le in buckets[sig.histogram]]
     for sig, found in zip(gauges, mine[len(counters) + len(histograms):]):
         intervals[sig.name] = [(int(t), _finite(v)) for t, v in (found[0].points if found else [])]
-    return WindowValues(whole, intervals)
+    intervals[ATTAINMENT], intervals[GOODPUT] = interval_values(
+        buckets[TTFT_HISTOGRAM], buckets[read.tpot_histogram] if read.tpot_histogram else [],
+        intervals[REQUEST_RATE], objectives, read)
+    return WindowValues(whole, intervals, read)
+
+
+def _samples(result: object) -> list[Any]:
+    """An instant query's samples; none where it failed (a query a Prometheus refused)."""
+    return result if isinstance(result, list) else []
+
+
+def _by_le(samples: Iterable[Any]) -> Buckets:
+    """{le: value} of one instance's bucket samples (summed by le already)."""
+    out: Buckets = {}
+    for s in samples:
+        v = _finite(s.value)
+        try:
+            le = float(s.labels.get("le", ""))
+        except ValueError:
+            continue
+        if v is not None:
+            out[le] = v
+    return out
 
 
 def _increases(points: list[tuple[float, float | None]], interval_ms: int) -> list[tuple[int, float | None]]:

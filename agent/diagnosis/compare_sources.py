@@ -73,7 +73,8 @@ def request_query(req: CompareRequest) -> dict:
     """The request as the daemon's /v1/compare query parameters (inverse: request_from_query)."""
     q: dict[str, Any] = {"stretch": f"{req.stretch[0]},{req.stretch[1]}", "instance": req.instance,
                          "versus": req.versus, "settle_ms": req.settle_ms, "interval_ms": req.interval_ms,
-                         "window_ms": req.window_ms}
+                         "window_ms": req.window_ms, "ttft_slo_s": req.ttft_slo_s, "tpot_slo_s": req.tpot_slo_s,
+                         "slo_source": req.slo_source}
     for side in ("before", "after"):
         span = getattr(req, side)
         q[side] = f"{span[0]},{span[1]}" if span else None
@@ -91,7 +92,13 @@ def request_from_query(params: dict) -> CompareRequest:
     def number(key: str) -> int | None:
         return int(params[key]) if params.get(key) not in (None, "") else None
 
+    def seconds(key: str, default: float) -> float:
+        return float(params[key]) if params.get(key) not in (None, "") else default
+
     stretch = span("stretch")
     assert stretch is not None, "stretch is required"
+    defaults = CompareRequest(stretch)
     return CompareRequest(stretch, params.get("instance") or None, params.get("versus") or None, span("before"),
-                          span("after"), number("settle_ms") or 0, number("interval_ms"), number("window_ms"))
+                          span("after"), number("settle_ms") or 0, number("interval_ms"), number("window_ms"),
+                          seconds("ttft_slo_s", defaults.ttft_slo_s), seconds("tpot_slo_s", defaults.tpot_slo_s),
+                          params.get("slo_source") or defaults.slo_source)

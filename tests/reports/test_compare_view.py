@@ -15,7 +15,7 @@ from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.reports.charts import charts_available
-from vllm_sentinel.reports.compare_view import compare_charts, compare_markdown, render_compare
+from vllm_sentinel.reports.compare_view import VERDICT_STYLE, compare_charts, compare_markdown, render_compare
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +28,14 @@ def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
                        CompareRequest((first, last), before=phases["queue_blocking"], after=phases["kv_cache_pressure"]))
 
 
-def test_the_table_leads_with_configuration_and_verdict(doc: dict) -> None:
+def test_the_table_leads_with_configuration_slo_and_verdict(doc: dict) -> None:
     buf = io.StringIO()
     render_compare(Console(file=buf, width=80, color_system=None), doc)
     text = buf.getvalue()
-    assert text.index("configuration:") < text.index("verdict: regressed") < text.index("preemptions_per_s")
+    assert text.index("configuration:") < text.index("SLO: TTFT p95 < 2 s, TPOT p95 < 100 ms") < \
+        text.index("verdict: regressed") < text.index("preemptions_per_s")
+    assert "attainment 87.4% -> 0%; goodput 9.76 -> 0 requests/s" in text, text
+    assert text.index("verdict: regressed") < text.index("goodput_rps 9.76 -> 0 /s")
     assert "started: kv_cache_pressure" in text
     assert max(len(line) for line in text.splitlines()) <= 80
 
@@ -44,6 +47,10 @@ def test_markdown_charts_both_windows(doc: dict, tmp_path: Path) -> None:
     assert all(v == 0 for line in pre["lines"] if line["labels"]["window"] == "before" for _, v in line["points"])
     text = compare_markdown(doc, tmp_path)
     assert text.startswith("# vllm-sentinel compare: regressed")
+    assert text.index("## Configuration") < text.index("## SLO") < text.index("## Verdict: regressed") < \
+        text.index("## Signals")
+    assert "| SLO attainment | 87.4% | 0% |" in text and "| goodput (requests/s) | 9.76 | 0 |" in text, text
+    assert "the bound under 2 s" in text
     assert "| preemptions_per_s |" in text
     if charts_available():
         assert "![preemptions_per_s](chart-preemptions_per_s.png)" in text
@@ -62,3 +69,27 @@ def test_an_incident_carried_over_is_named_apart(doc: dict) -> None:
     assert "Carried over into the after window, then resolved: queue_blocking." in compare_markdown(carried, None)
     quiet = {**doc, "incidents": {**doc["incidents"], "carried_over": []}}
     assert "carried over" not in compare_markdown(quiet, None).lower()
+
+
+def test_a_trade_off_is_styled_and_its_reasons_listed(doc: dict) -> None:
+    """trade-off has a style of its own (bold yellow), and what was bought with what is on its own line."""
+    reasons = ["goodput_rps 0 on both sides (no request met the SLO): the headline signals decide",
+               "preemptions_per_s -100% bought with ttft_p95_seconds +98%", "preemptions_per_s -100% (better)"]
+    traded = {**doc, "verdict": "trade-off", "verdict_reasons": reasons}
+    assert VERDICT_STYLE["trade-off"] == "bold yellow"
+    buf = io.StringIO()
+    render_compare(Console(file=buf, width=200, color_system="truecolor", force_terminal=True), traded)
+    assert "\x1b[1;33mverdict: trade-off" in buf.getvalue(), repr(buf.getvalue()[:600])
+    md = compare_markdown(traded, None)
+    assert md.startswith("# vllm-sentinel compare: trade-off")
+    assert "## Verdict: trade-off\n\n* goodput_rps 0 on both sides" in md, md
+    assert "* preemptions_per_s -100% bought with ttft_p95_seconds +98%" in md
+
+
+def test_a_document_without_an_slo_block_still_renders(doc: dict) -> None:
+    """A daemon from before the SLO block answers without one: no SLO lines, the rest as before."""
+    older = {k: v for k, v in doc.items() if k != "slo"}
+    buf = io.StringIO()
+    render_compare(Console(file=buf, width=80, color_system=None), older)
+    assert "SLO:" not in buf.getvalue() and "verdict: regressed" in buf.getvalue()
+    assert "## SLO" not in compare_markdown(older, None)

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
+import random
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,8 @@ import pytest
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
 from vllm_sentinel.agent.diagnosis import liveconfig
-from vllm_sentinel.agent.diagnosis.compare import CompareError, CompareRequest, NoChangeFound, compare
+from vllm_sentinel.agent.diagnosis.compare import CompareError, CompareRequest, NoChangeFound, compare, decide
+from vllm_sentinel.agent.diagnosis.compare_slo import bound_under, share_under
 from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, request_query, store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.promql.notation import parse_series_selector
@@ -134,7 +139,12 @@ def test_a_real_difference_is_significant_with_the_contract_fields(session: dict
     # 1 200 short requests before, 370 long ones after: counts are weighed per finished request
     assert doc["load"]["per_request"] is True and "per finished request" in pre["method"]
     assert doc["incidents"]["started"] == ["kv_cache_pressure"], doc["incidents"]
+    # goodput fell (TTFT past the 2 s objective for nearly every request): regressed, goodput first
     assert doc["verdict"] == "regressed", doc["verdict_reasons"]
+    assert doc["verdict_reasons"][0].startswith("goodput_rps "), doc["verdict_reasons"]
+    assert signals(doc)["goodput_rps"]["significant"] is True and signals(doc)["goodput_rps"]["better"] is False
+    assert "preemptions_per_s 0 -> 3.333 (worse)" in doc["verdict_reasons"] or any(
+        r.startswith("preemptions_per_s") and r.endswith("(worse)") for r in doc["verdict_reasons"])
     assert doc["config_changes"] == []  # one configuration throughout
 
 
@@ -192,6 +202,8 @@ def test_several_instances_need_one_named(canary: dict) -> None:
 def test_the_daemon_query_round_trips() -> None:
     req = CompareRequest((1, 2), "a:1", None, (3, 4), (5, 6), 10_000, None, 60_000)
     assert request_from_query({k: str(v) for k, v in request_query(req).items()}) == req
+    slo = CompareRequest((1, 2), ttft_slo_s=1.5, tpot_slo_s=0.08, slo_source="TTFT from --ttft-p95")
+    assert request_from_query({k: str(v) for k, v in request_query(slo).items()}) == slo
 
 
 @pytest.mark.parametrize("thin", ["sparse", "failing", "sparser"])
@@ -262,3 +274,150 @@ def test_a_restart_fixing_preemption_stops_the_incident_that_the_rule_window_car
     assert doc["incidents"]["before"] == ["kv_cache_pressure"], doc["incidents"]
     assert doc["incidents"]["stopped"] == ["kv_cache_pressure"], doc["incidents"]
     assert "kv_cache_pressure" not in doc["incidents"]["after"], doc["incidents"]
+
+
+TTFT_BOUNDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
+TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2)
+TPOT = "vllm:request_time_per_output_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+
+
+@dataclass
+class Load:
+    """One side of a synthetic server: requests finished per second, where their latencies fell, preemptions."""
+
+    rate: float
+    ttft: dict[float, float]  # bucket bound -> share of requests in (the bound below, this bound]
+    tpot: dict[float, float] = field(default_factory=lambda: {0.05: 1.0})
+    preemptions: float = 0.0
+    tpot_histogram: str = TPOT
+
+
+def served(path: Path, before: Load, after: Load, seconds: int = 300) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A store with `before` then `after` served, scraped every second, each request count jittered
+    +-20 % per second (seeded); returns the two windows."""
+    rng = random.Random(7)
+    t0 = 1_795_000_000_000
+    labels = {"model_name": "m", "engine": "0"}
+    totals: dict[tuple[str, str], float] = {}
+
+    def count(name: str, le: str | None, add: float) -> tuple[str, dict[str, str], float]:
+        key = (name, le or "")
+        totals[key] = totals.get(key, 0.0) + add
+        return name, {**labels, "le": le} if le else labels, totals[key]
+
+    def histogram(name: str, bounds: tuple[float, ...], shares: dict[float, float], n: float) -> list:
+        cumulative = [sum(v for b, v in shares.items() if b <= bound) for bound in bounds]
+        return [count(f"{name}_bucket", str(bound), n * c) for bound, c in zip(bounds, cumulative)] + \
+            [count(f"{name}_bucket", "+Inf", n)]
+
+    batches = []
+    for t in range(t0 - 10_000, t0 + 2 * seconds * 1000 + 1, 1000):
+        side = before if t <= t0 + seconds * 1000 else after
+        n = side.rate * rng.uniform(0.8, 1.2)
+        b = Batch(instance="10.0.0.1:8000", ts_ms=t)
+        samples = [count("vllm:request_success_total", None, n), count("vllm:generation_tokens_total", None, 100 * n),
+                   count("vllm:num_preemptions_total", None, side.preemptions * rng.uniform(0.8, 1.2))]
+        samples += histogram("vllm:time_to_first_token_seconds", TTFT_BOUNDS, side.ttft, n)
+        samples += histogram(side.tpot_histogram, TPOT_BOUNDS, side.tpot, n)
+        for name, lab, v in samples:
+            b.add(name, lab, v)
+        batches.append(b)
+    with Store.open(path) as store:
+        store.append_many(batches)
+    return (t0, t0 + seconds * 1000), (t0 + seconds * 1000, t0 + 2 * seconds * 1000)
+
+
+def compared(path: Path, before: Load, after: Load, **slo: float) -> dict:
+    b, a = served(path, before, after)
+    return run(path, CompareRequest((b[0] - 10_000, a[1]), before=b, after=a, **slo))
+
+
+def test_fewer_preemptions_bought_with_twice_the_ttft_and_less_throughput_is_a_trade_off(tmp_path: Path) -> None:
+    """Nobody meets the 2 s TTFT objective on either side (goodput 0 both): the headline signals decide,
+    and a change that stopped preempting but doubled TTFT and served less is a trade-off, said as one."""
+    doc = compared(tmp_path / "trade.duckdb", Load(2.0, {5.0: 1.0}, preemptions=1.0),
+                   Load(1.6, {10.0: 1.0}))
+    sig = signals(doc)
+    assert doc["slo"]["goodput_rps"] == {"before": 0.0, "after": 0.0}, doc["slo"]
+    assert doc["verdict"] == "trade-off", doc["verdict_reasons"]
+    assert doc["verdict_reasons"][0].startswith("goodput_rps 0 on both sides"), doc["verdict_reasons"]
+    bought = next(r for r in doc["verdict_reasons"] if " bought with " in r)
+    assert bought.startswith("preemptions_per_s -100% bought with ttft_p95_seconds +100%"), bought
+    assert ", request_rate_per_s -" in bought and ", generation_tokens_per_s -" in bought, bought
+    assert sig["ttft_p95_seconds"]["significant"] and sig["ttft_p95_seconds"]["better"] is False
+    # each significant headline signal keeps its own reason in the one form the demo's check reads
+    assert "preemptions_per_s -100% (better)" in doc["verdict_reasons"], doc["verdict_reasons"]
+    # the preemption incident stopped, and is listed, but turns nothing
+    assert "incident kv_cache_pressure stopped" in doc["verdict_reasons"], doc["incidents"]
+    assert any(r.startswith("ttft_p95_seconds") and r.endswith("(worse)") for r in doc["verdict_reasons"])
+
+
+def test_more_requests_under_the_ttft_objective_is_improved_at_the_named_cost(tmp_path: Path) -> None:
+    """Half the requests under 2 s before, 90 % after, the slowest tenth slower: goodput rose, so improved,
+    and the worse TTFT p95 is named as its cost."""
+    doc = compared(tmp_path / "better.duckdb", Load(2.0, {0.5: 0.5, 5.0: 0.5}), Load(2.0, {0.5: 0.9, 10.0: 0.1}))
+    sig = signals(doc)
+    assert sig["goodput_rps"]["significant"] and sig["goodput_rps"]["better"], sig["goodput_rps"]
+    assert sig["ttft_p95_seconds"]["significant"] and sig["ttft_p95_seconds"]["better"] is False
+    assert doc["verdict"] == "improved", doc["verdict_reasons"]
+    assert doc["slo"]["attainment"] == {"before": pytest.approx(0.5), "after": pytest.approx(0.9)}, doc["slo"]
+    lead = doc["verdict_reasons"][0]
+    # about 1 -> 1.8 requests/s under the objectives (the request count is jittered)
+    assert re.fullmatch(r"goodput_rps 0\.9\d* -> 1\.[78]\d* /s \(\+8\d%\), SLO attainment 50% -> 90%, "
+                        r"at the cost of ttft_p95_seconds \+58%", lead), lead
+
+
+def test_goodput_falling_is_regressed_whatever_p95_improved(tmp_path: Path) -> None:
+    doc = compared(tmp_path / "worse.duckdb", Load(2.0, {0.5: 0.9, 10.0: 0.1}), Load(2.0, {0.5: 0.5, 5.0: 0.5}))
+    assert doc["verdict"] == "regressed", doc["verdict_reasons"]
+    lead = doc["verdict_reasons"][0]
+    assert re.fullmatch(r"goodput_rps 1\.[78]\d* -> 0\.9\d* /s \(-4\d%\), SLO attainment 90% -> 50%, "
+                        r"despite ttft_p95_seconds -37%", lead), lead
+
+
+def test_the_slo_block_reads_an_objective_between_bounds_at_the_bound_under_it(tmp_path: Path) -> None:
+    """TTFT 2 s lies between le=1.0 and le=2.5: read at 1.0, and said so; TPOT 80 ms, from the inter-token
+    latency histogram where there is no per-request one, at 0.075. Requests between count as missed."""
+    fast = {0.5: 0.4, 2.5: 0.6}  # 60 % between 1 s and 2.5 s: under 2 s or not, the buckets cannot tell
+    doc = compared(tmp_path / "bounds.duckdb", Load(2.0, fast, tpot={0.075: 0.8, 0.1: 0.2}, tpot_histogram=ITL),
+                   Load(2.0, fast, tpot={0.075: 0.8, 0.1: 0.2}, tpot_histogram=ITL), ttft_slo_s=2.0, tpot_slo_s=0.08)
+    slo = doc["slo"]
+    assert set(slo) == {"ttft_p95_s", "tpot_p95_s", "attainment", "goodput_rps", "method"}
+    assert (slo["ttft_p95_s"], slo["tpot_p95_s"]) == (2.0, 0.08)
+    assert set(slo["attainment"]) == set(slo["goodput_rps"]) == {"before", "after"}
+    assert slo["attainment"]["before"] == pytest.approx(0.4) and slo["attainment"]["after"] == pytest.approx(0.4)
+    assert slo["goodput_rps"]["before"] == pytest.approx(0.8, rel=0.05), slo
+    assert "TTFT read at le=1.0, the bound under 2 s" in slo["method"], slo["method"]
+    assert "read at le=0.075, the bound under 80 ms" in slo["method"] and ITL in slo["method"], slo["method"]
+    assert "upper bound" in slo["method"] and "defaults" in slo["method"]
+    assert doc["verdict"] == "no clear change", doc["verdict_reasons"]
+    assert "not changed beyond the noise" in doc["verdict_reasons"][0], doc["verdict_reasons"]
+
+
+def test_shares_read_at_the_bound_equal_to_or_under_the_objective() -> None:
+    buckets = {0.5: 3.0, 1.0: 6.0, 2.5: 9.0, math.inf: 10.0}
+    assert share_under(buckets, 2.5) == pytest.approx(0.9)  # a bound: read there
+    assert share_under(buckets, 2.0) == pytest.approx(0.6)  # between: the bound under it
+    assert share_under(buckets, 0.1) == 0.0  # under every bound: nothing counts as met
+    assert share_under({0.5: 0.0, math.inf: 0.0}, 1.0) is None  # no observation: no share
+    assert bound_under((0.05, 0.1, 0.2), 0.1) == 0.1 and bound_under((0.05, 0.1), 0.3 / 3) == 0.1
+
+
+def _row(name: str, delta: float, better: bool, significant: bool = True, headline: bool = True) -> dict:
+    return {"name": name, "before": 1.0, "after": 1.0 + delta / 100, "delta_pct": delta, "significant": significant,
+            "better": better, "_headline": headline}
+
+
+def test_incidents_never_turn_the_verdict() -> None:
+    """An incident that stopped while goodput fell is no improvement; one that started with nothing beyond
+    the noise is no regression. Both are listed."""
+    fell = [_row("goodput_rps", -40, False, headline=False), _row("slo_attainment", -40, False, headline=False)]
+    verdict, reasons = decide(fell, {"stopped": ["kv_cache_pressure"], "started": []})
+    assert verdict == "regressed" and "incident kv_cache_pressure stopped" in reasons, reasons
+    flat = [_row("goodput_rps", 1, True, significant=False, headline=False)]
+    verdict, reasons = decide(flat, {"stopped": [], "started": ["ttft_slo_breach"]})
+    assert verdict == "no clear change" and "incident ttft_slo_breach started" in reasons, reasons
+    # no histogram to read goodput from: the headline signals decide
+    verdict, reasons = decide([_row("preemptions_per_s", -100, True)], {"stopped": [], "started": []})
+    assert verdict == "improved" and reasons[0].startswith("goodput unknown"), reasons

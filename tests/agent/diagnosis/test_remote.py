@@ -284,4 +284,11 @@ def test_compare_reads_the_same_from_prometheus(loaded) -> None:
         assert (r["significant"], r["better"]) == (s["significant"], s["better"]), (r, s)
         assert close(r["before"], s["before"]) and close(r["after"], s["after"]), (r, s)
     assert remote["incidents"] == local["incidents"] and "kv_cache_pressure" in remote["incidents"]["started"]
+    # goodput fell beyond the noise on both: one decision procedure over the same reading
     assert remote["verdict"] == local["verdict"] == "regressed"
+    assert remote["verdict_reasons"][0].startswith("goodput_rps ") and local["verdict_reasons"][0].startswith(
+        "goodput_rps "), (remote["verdict_reasons"], local["verdict_reasons"])
+    for key in ("attainment", "goodput_rps"):
+        for side in ("before", "after"):
+            assert close(remote["slo"][key][side], local["slo"][key][side]), (key, remote["slo"], local["slo"])
+    assert remote["slo"]["method"] == local["slo"]["method"] and "le=1.0" in local["slo"]["method"]
