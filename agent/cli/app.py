@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # typer 0.29 carries its own click (typer._click) and no long
     import click
 
 # command -> its module in agent/cli (each a thin typer app of one command), in the order --help lists them
-COMMANDS = {"run": "run", "diagnose": "diagnose", "compare": "compare", "capacity": "capacity", "ingest": "ingest",
-            "status": "status", "capture": "capture", "demo": "demo", "plan": "plan", "report": "report",
+COMMANDS = {"run": "run", "diagnose": "diagnose", "compare": "compare", "whatif": "whatif", "capacity": "capacity",
+            "ingest": "ingest", "status": "status", "capture": "capture", "demo": "demo", "plan": "plan", "report": "report",
             "rules": "rules", "export": "export"}
 GROUPS = {"rules", "export"}  # these modules' apps are groups of subcommands (export has one so far)
 

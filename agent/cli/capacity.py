@@ -80,11 +80,7 @@ def _local(db: Path, query: CapacityQuery) -> dict:
         return capacity_doc(Engine(store), clamp_to_data(query, store.time_range()), source=f"duckdb:{db}")
 
     answer = daemon_or_file(db, "/v1/capacity", query.as_params(), from_file, timeout=300)
-    if answer.daemon is None:
-        return answer.file
-    if "no_data" in answer.daemon:
-        raise NoLoadInWindow(answer.daemon["no_data"])
-    return {**answer.daemon, "source": f"daemon:{answer.socket}"}
+    return answer.document({"no_data": NoLoadInWindow})
 
 
 def _query(start: int, end: int, bin_: str, ttft: Optional[str], tpot: Optional[str], instance: Optional[str],

@@ -117,13 +117,7 @@ def _from_store(db: Path, req: CompareRequest, pack: list[RuleFile]) -> dict:
         return compare_windows(store_source(store, pack_window_evaluator(pack)), req)
 
     answer = daemon_or_file(db, "/v1/compare", request_query(req), from_file, timeout=300.0)
-    if answer.daemon is None:
-        return answer.file
-    if "no_data" in answer.daemon:
-        raise NoDataInWindow(answer.daemon["no_data"])
-    if "compare_error" in answer.daemon:
-        raise CompareError(answer.daemon["compare_error"])
-    return {**answer.daemon, "source": f"daemon:{answer.socket}"}
+    return answer.document({"no_data": NoDataInWindow, "compare_error": CompareError})
 
 
 def _print(doc: dict, fmt: str, out_dir: Optional[Path]) -> None:

@@ -27,6 +27,18 @@ class Answer(Generic[T]):
     daemon: Optional[dict] = None
     file: Optional[T] = None
 
+    def document(self, errors: "dict[str, type[Exception]]") -> "T | dict":
+        """The file's answer, or the daemon's document with its source; a daemon's error key raises its exception.
+
+        errors: the keys a route answers a domain error under ({"no_data": NoDataInWindow}), each with the
+        exception the file path raises for it, so both paths fail alike."""
+        if self.daemon is None:
+            return self.file  # type: ignore[return-value]
+        for key, exc in errors.items():
+            if key in self.daemon:
+                raise exc(self.daemon[key])
+        return {**self.daemon, "source": f"daemon:{self.socket}"}
+
 
 def ask_daemon(db: Path, route: str, params: Optional[dict] = None, timeout: float = 60.0) -> Optional[dict]:
     """The answer of the daemon that owns `db`; None when none runs (ApiError when it answers with an error)."""

@@ -16,6 +16,10 @@ from vllm_sentinel.agent.diagnosis.captures import capture_and_store
 from vllm_sentinel.agent.diagnosis.compare import CompareError, NoChangeFound, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import request_from_query, store_source
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, diagnose
+from vllm_sentinel.agent.diagnosis.sim_calibrate import Unrepresentable
+from vllm_sentinel.agent.diagnosis.sim_workload import NotEnoughTraffic
+from vllm_sentinel.agent.diagnosis.whatif import WhatIfQuery, store_configs, whatif
+from vllm_sentinel.agent.diagnosis.whatif_knobs import BadKnob
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.reports.assemble import IncidentNotFound
@@ -85,6 +89,18 @@ def daemon_route_capacity() -> Route:
             return capacity(Engine(store), query, source=f"duckdb:{store.path}")
         except NoLoadInWindow as e:
             return {"no_data": str(e)}
+    return handle
+
+
+def daemon_route_whatif() -> Route:
+    """The daemon's /v1/whatif handler: the model over its own file (the CLI sends a WhatIfQuery)."""
+    def handle(store: Store, params: dict) -> dict:
+        query = WhatIfQuery.from_params(params)
+        try:
+            return whatif(Engine(store), store_configs(store, query.start_ms, query.end_ms), query,
+                          source=f"duckdb:{store.path}")
+        except (NotEnoughTraffic, Unrepresentable, BadKnob) as e:
+            return {"model_error": str(e)}
     return handle
 
 

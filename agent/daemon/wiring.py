@@ -14,7 +14,8 @@ from vllm_sentinel.agent.daemon.autoreport import AutoReporter
 from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET, CpuBudget
 from vllm_sentinel.agent.daemon.paths import UnsafeSocketPath, prepare_socket_dir, socket_path_for
 from vllm_sentinel.agent.daemon.routes import (LoadRules, daemon_route_capacity, daemon_route_capture,
-                                               daemon_route_compare, daemon_route_diagnose, daemon_route_report)
+                                               daemon_route_compare, daemon_route_diagnose, daemon_route_report,
+                                               daemon_route_whatif)
 from vllm_sentinel.agent.daemon.file_sd import TargetSpec
 from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.daemon.targets import RELOAD_CHECK_S, TargetSet
@@ -135,6 +136,7 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
         background_tasks=[(RELOAD_CHECK_S, "targets file", targets.reload_if_changed)] if options.targets_file else [],
         extra_routes={"/v1/report": daemon_route_report(pack), "/v1/capture": daemon_route_capture(),
                       "/v1/capacity": daemon_route_capacity(),
+                      "/v1/whatif": daemon_route_whatif(),
                       "/v1/compare": daemon_route_compare(pack_window_evaluator(pack)),
                       "/v1/diagnose": daemon_route_diagnose(pack_window_evaluator(pack),
                                                             load_rules=_request_rules(options.rules, overrides))})

@@ -103,12 +103,25 @@ def _r(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else round(v, 6)
 
 
-def bin_queries(bin_ms: int) -> list[tuple[str, str, str]]:
+@dataclass(frozen=True)
+class Families:
+    """What a bin reads: counters (increase), gauges (mean) and histograms (bucket increases), by field name."""
+
+    counters: dict[str, str]
+    gauges: dict[str, str]
+    histograms: dict[str, str]
+
+
+CAPACITY = Families(COUNTERS, GAUGES, HISTOGRAMS)
+
+
+def bin_queries(bin_ms: int, families: Families = CAPACITY) -> list[tuple[str, str, str]]:
     """(kind, field or family, PromQL) for one bin width: counters, gauges, then histograms by bound."""
     w = format_prometheus_duration_ms(bin_ms)
-    out = [("counter", k, f"sum by (instance) (increase({m}[{w}]))") for k, m in COUNTERS.items()]
-    out += [("gauge", k, f"sum by (instance) (avg_over_time({m}[{w}]))") for k, m in GAUGES.items()]
-    out += [("histogram", k, f"sum by (instance, le) (increase({m}_bucket[{w}]))") for k, m in HISTOGRAMS.items()]
+    out = [("counter", k, f"sum by (instance) (increase({m}[{w}]))") for k, m in families.counters.items()]
+    out += [("gauge", k, f"sum by (instance) (avg_over_time({m}[{w}]))") for k, m in families.gauges.items()]
+    out += [("histogram", k, f"sum by (instance, le) (increase({m}_bucket[{w}]))")
+            for k, m in families.histograms.items()]
     return out
 
 
@@ -118,12 +131,13 @@ def bin_ends(start_ms: int, end_ms: int, bin_ms: int) -> tuple[int, int]:
     return first, end_ms // bin_ms * bin_ms
 
 
-def read_bins(engine: Any, start_ms: int, end_ms: int, bin_ms: int, instance: str | None = None) -> list[Bin]:
+def read_bins(engine: Any, start_ms: int, end_ms: int, bin_ms: int, instance: str | None = None,
+              families: Families = CAPACITY) -> list[Bin]:
     """Every (instance, bin) of the window that holds vLLM series, in time order."""
     first, last = bin_ends(start_ms, end_ms, bin_ms)
     if last < first:
         return []
-    queries = bin_queries(bin_ms)
+    queries = bin_queries(bin_ms, families)
     results = range_all(engine, [(q, first, last, bin_ms) for _, _, q in queries])
     bins: dict[tuple[str, int], Bin] = {}
     for (kind, name, _), series in zip(queries, results):

@@ -1,0 +1,195 @@
+"""The what-if model calibrated on a window: a step-time model fitted from the server's own history, then the
+window replayed with the configuration that ran and judged against what the server measured.
+
+Step time. A step of `t` tokens takes `base + per_token * t`. Two figures of the window pin both:
+the mean step, from bins where requests waited throughout (the engine never idled: the bin's seconds
+over its steps, at that bin's tokens per step), and the mean prefill time (scheduled to first token)
+of a mean prompt, which adds the prompt's tokens to such a step. Where no bin was saturated the mean
+inter-token latency stands for the mean step.
+
+Judgement. The replay's p95 TTFT and inter-token latency are read through vLLM's own bucket bounds,
+as histogram_quantile reads the server's, and compared with the server's, as are preemptions and
+throughput. Over CALIBRATION_BOUND on any of them, the model's predictions are withheld.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from vllm_sentinel.agent.diagnosis.sim_results import SimResult
+from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig, SimRequest, StepTime, simulate
+from vllm_sentinel.agent.diagnosis.sim_workload import Workload
+from vllm_sentinel.agent.promql.functions import bucket_quantile
+
+CALIBRATION_BOUND = 0.30
+# below these the measured figure is noise: a difference under the floor counts as no error
+ERROR_FLOORS = {"ttft_p95_s": 0.05, "itl_p95_s": 0.005, "preemptions_per_s": 0.1, "generation_tokens_per_s": 1.0,
+                "requests_per_s": 0.05}
+JUDGED = ("ttft_p95_s", "itl_p95_s", "preemptions_per_s", "generation_tokens_per_s")
+SATURATED_WAITING = 0.5  # a bin whose mean waiting count is at least this kept the engine busy throughout
+
+# EngineConfig field -> the live configuration's name (vLLM's)
+CONFIG_NAMES = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+                "num_blocks": "num_gpu_blocks", "block_size": "block_size", "max_model_len": "max_model_len"}
+
+
+class Unrepresentable(Exception):
+    """The configuration lacks a value the model needs, or holds one it cannot represent."""
+
+
+@dataclass
+class Calibration:
+    """The fitted step time, the replay of the window beside what was measured, and whether to trust it."""
+
+    step_time: StepTime
+    fitted_from: str
+    measured: dict[str, float | None]
+    modelled: dict[str, float | None]
+    error: dict[str, float | None]
+    withheld: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The calibration block of the whatif document."""
+        st = self.step_time
+        return {"step_time": {"base_s": _r(st.base_s), "per_token_s": _r(st.per_prefill_token_s),
+                              "fitted_from": self.fitted_from},
+                "measured": {k: _r(v) for k, v in self.measured.items()},
+                "modelled": {k: _r(v) for k, v in self.modelled.items()},
+                "error": {k: _r(v) for k, v in self.error.items()}, "bound": CALIBRATION_BOUND,
+                "withheld": self.withheld, "notes": self.notes}
+
+
+def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
+    """The scheduler's configuration from a live configuration's values; Unrepresentable names what is missing."""
+    missing = [name for name in CONFIG_NAMES.values() if cfg.get(name) is None]
+    if missing:
+        raise Unrepresentable(f"the configuration lacks {', '.join(missing)}: the model needs each (a sidecar "
+                              "beside the server records them; give them with --set NAME=VALUE)")
+    policy = str(cfg.get("scheduling_policy") or "fcfs")
+    try:
+        return EngineConfig(**{k: int(cfg[v]) for k, v in CONFIG_NAMES.items()},
+                            chunked_prefill=bool(cfg.get("enable_chunked_prefill", True)),
+                            long_prefill_token_threshold=int(cfg.get("long_prefill_token_threshold") or 0),
+                            policy=policy)
+    except (TypeError, ValueError) as e:
+        raise Unrepresentable(f"the configuration cannot be modelled: {e}") from None
+
+
+def fit_step_time(workload: Workload) -> tuple[StepTime, str]:
+    """base and per-token seconds of a step from the window (see the module's docstring), and how."""
+    inc = workload.measured.tally.increases
+    saturated = [b for b in workload.bins if b.gauge_seconds.get("waiting", 0.0) / b.seconds >= SATURATED_WAITING
+                 and b.increases.get("steps", 0.0) > 0]
+    steps = sum(b.increases["steps"] for b in saturated)
+    if steps > 0:
+        mean_step = sum(b.seconds for b in saturated) / steps
+        tokens_per_step = sum(b.increases.get("step_tokens", 0.0) for b in saturated) / steps
+        how = f"{len(saturated)} saturated bins ({steps:.0f} steps)"
+    elif inc.get("itl_count"):
+        mean_step = inc["itl_sum"] / inc["itl_count"]
+        running = workload.measured.tally.gauge_seconds.get("running", 0.0) / workload.measured.seconds
+        tokens_per_step = max(1.0, running)
+        how = "the mean inter-token latency (no saturated bin)"
+    else:
+        raise Unrepresentable("the window has no engine steps (vllm:iteration_tokens_total) and no inter-token "
+                              "latencies: nothing to time a step by")
+    prefill = workload.measured.tally.increases
+    prompt = workload.prompt.mean * (1 - workload.prefix_hit_rate)
+    per_token = 0.0
+    if prefill.get("prefill_count") and prompt >= 1:
+        mean_prefill = prefill["prefill_sum"] / prefill["prefill_count"]
+        per_token = max(0.0, (mean_prefill - mean_step) / prompt)
+        how += f", the mean prefill time {mean_prefill * 1000:.1f} ms of {prompt:.0f}-token prompts"
+    base = max(mean_step - per_token * tokens_per_step, 0.0)
+    if base == 0.0 and tokens_per_step > 0:  # the prefill figure overshot: all of the step is per token
+        per_token = mean_step / tokens_per_step
+    return StepTime(base, per_token, per_token), how
+
+
+def run_model(workload: Workload, config: EngineConfig, step_time: StepTime, seed: int = 0,
+              rate_factor: float = 1.0, replicas: int = 1) -> SimResult:
+    """One replica's share of the window's workload (rate scaled, split over replicas) through the model."""
+    clients = None
+    if workload.clients is not None:
+        clients = max(1, math.ceil(workload.clients * rate_factor / replicas))
+        requests = workload.requests(seed, rate_factor)
+    else:
+        requests = workload.requests(seed, rate_factor / replicas)
+    # the server accepted every request it served: a length drawn past max_model_len from a wide bucket is cut
+    requests = [r if r.prompt_tokens + r.output_tokens <= config.max_model_len else
+                fit_length(r, config.max_model_len) for r in requests]
+    return simulate(requests, config, step_time, horizon_s=workload.seconds, clients=clients)
+
+
+def fit_length(r: SimRequest, max_model_len: int) -> SimRequest:
+    """The request cut to max_model_len: the prompt first, down to one token, then the output."""
+    output = min(r.output_tokens, max_model_len - 1)
+    prompt = max(1, max_model_len - output)
+    return replace(r, prompt_tokens=prompt, output_tokens=output, cached_tokens=min(r.cached_tokens, prompt - 1))
+
+
+def observed_like(result: SimResult, workload: Workload) -> dict[str, float | None]:
+    """The replay's headline figures as the server's metrics would show them (quantiles through its buckets)."""
+    measured = workload.measured
+    itl = _bucketed(result.itl_values, result.itl_counts, measured.bounds("itl"), 0.95)
+    ttft = result.ttft_s[~np.isnan(result.ttft_s)]
+    return {"ttft_p95_s": _bucketed(ttft, np.ones(len(ttft)), measured.bounds("ttft"), 0.95),
+            "itl_p95_s": itl, "preemptions_per_s": result.preemptions_per_s(),
+            "generation_tokens_per_s": result.throughput()["generated_tokens_per_s"],
+            "requests_per_s": result.throughput()["requests_per_s"]}
+
+
+def calibrate(workload: Workload, config: EngineConfig, seed: int = 0) -> Calibration:
+    """Replay the window with the configuration that ran; its error against the measurement; withheld over the bound."""
+    step_time, how = fit_step_time(workload)
+    measured = {k: v for k, v in workload.measured.as_dict().items() if k in JUDGED + ("requests_per_s",)}
+    measured["itl_p95_s"] = workload.measured.quantile("itl", 0.95)
+    modelled = observed_like(run_model(workload, config, step_time, seed), workload)
+    error = {k: relative_error(modelled.get(k), measured.get(k), ERROR_FLOORS[k]) for k in JUDGED}
+    over = [(k, e) for k, e in error.items() if e is None or e > CALIBRATION_BOUND]
+    withheld = None
+    if over:
+        worst = ", ".join(f"{k} {'not comparable' if e is None else f'off by {e:.0%}'} (measured "
+                          f"{_fmt(measured.get(k))}, modelled {_fmt(modelled.get(k))})" for k, e in over)
+        withheld = (f"the model's replay of the window misses what the server measured: {worst}; over the "
+                    f"{CALIBRATION_BOUND:.0%} bound, its predictions are not shown")
+    return Calibration(step_time, how, measured, modelled, error, withheld)
+
+
+def relative_error(modelled: float | None, measured: float | None, floor: float) -> float | None:
+    """|modelled - measured| / measured; differences under `floor` count as 0; None where either is missing."""
+    if modelled is None or measured is None or not (math.isfinite(modelled) and math.isfinite(measured)):
+        return None
+    if abs(modelled - measured) <= floor:
+        return 0.0
+    return abs(modelled - measured) / max(abs(measured), floor)
+
+
+def with_changes(config: EngineConfig, **changes: Any) -> EngineConfig:
+    """The configuration with some fields changed."""
+    return replace(config, **changes)
+
+
+def _bucketed(values: np.ndarray, counts: np.ndarray, bounds: list[float], q: float) -> float | None:
+    """The q-quantile of weighted values as histogram_quantile reads them from buckets with these bounds."""
+    if not bounds or len(values) == 0:
+        return None
+    edges = np.array(bounds, dtype=float)
+    per_bucket = np.bincount(np.searchsorted(edges, values, side="left"), weights=counts, minlength=len(edges) + 1)
+    cumulative = np.cumsum(per_bucket[:len(edges)])
+    v = bucket_quantile(q, edges, cumulative)
+    return None if math.isnan(v) else float(v)
+
+
+def _fmt(v: float | None) -> str:
+    return "none" if v is None else f"{v:.3g}"
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, 6)

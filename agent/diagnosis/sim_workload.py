@@ -1,0 +1,249 @@
+"""The workload a window of history served, read from vLLM's counters and histograms, for the what-if model.
+
+Everything comes from increases over time bins (never a sampled gauge moment, except the running and
+waiting means): how requests arrived, how long their prompts and outputs were, how much of the
+prompts the prefix cache served, and what the server measured (latency histograms, preemptions,
+throughput), which the model's replay of the same window is judged against.
+
+Arrivals: when requests waited throughout and the number in the server did not grow, the load was
+a closed loop (N clients, each sending its next request when the last one returned: a benchmark, a
+batch job, a saturated router) and it is replayed as N clients, N from Little's law; otherwise
+requests arrived on their own, as many per bin as completed plus the growth of the population.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vllm_sentinel.agent.diagnosis.capacity_bins import Bin, Families, Tally, merged, read_bins
+from vllm_sentinel.agent.diagnosis.sim_scheduler import SimRequest
+
+FAMILIES = Families(
+    counters={"requests": "vllm:request_success_total", "prompt_tokens": "vllm:prompt_tokens_total",
+              "generation_tokens": "vllm:generation_tokens_total", "preemptions": "vllm:num_preemptions_total",
+              "steps": "vllm:iteration_tokens_total_count", "step_tokens": "vllm:iteration_tokens_total_sum",
+              "itl_sum": "vllm:inter_token_latency_seconds_sum", "itl_count": "vllm:inter_token_latency_seconds_count",
+              "prompt_sum": "vllm:request_prompt_tokens_sum", "prompt_count": "vllm:request_prompt_tokens_count",
+              "output_sum": "vllm:request_generation_tokens_sum",
+              "output_count": "vllm:request_generation_tokens_count",
+              "e2e_sum": "vllm:e2e_request_latency_seconds_sum", "e2e_count": "vllm:e2e_request_latency_seconds_count",
+              "prefill_sum": "vllm:request_prefill_time_seconds_sum",
+              "prefill_count": "vllm:request_prefill_time_seconds_count",
+              "prefix_hits": "vllm:prefix_cache_hits_total", "prefix_queries": "vllm:prefix_cache_queries_total"},
+    gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"},
+    histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
+                "queue": "vllm:request_queue_time_seconds", "e2e": "vllm:e2e_request_latency_seconds",
+                "prompt": "vllm:request_prompt_tokens", "output": "vllm:request_generation_tokens"})
+
+# a closed loop: requests waited in this share of the bins or more, and the population grew by less than this
+SATURATED_SHARE = 0.8
+POPULATION_GROWTH = 1.0
+MIN_REQUESTS = 20  # fewer completed requests in a window say too little about its workload to model it
+
+
+class NotEnoughTraffic(Exception):
+    """The window holds too few completed requests (or none of the families the model reads)."""
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """Token lengths as a histogram of vLLM's buckets and their exact mean (its _sum over its _count)."""
+
+    bounds: tuple[float, ...]  # upper bounds, ascending, +Inf last
+    counts: tuple[float, ...]  # observations per bucket (not cumulative)
+    mean: float
+
+    @classmethod
+    def from_buckets(cls, cumulative: dict[float, float], mean: float) -> "LengthDist":
+        """From summed cumulative buckets: {100: 3, 200: 10, inf: 10} -> counts (3, 7, 0)."""
+        bounds = sorted(cumulative)
+        cum = np.maximum.accumulate([max(0.0, cumulative[b]) for b in bounds])
+        counts = np.diff(np.concatenate([[0.0], cum]))
+        return cls(tuple(bounds), tuple(float(c) for c in counts), float(mean))
+
+    def sample(self, n: int, rng: random.Random) -> list[int]:
+        """n lengths: a bucket drawn by its share, then a place in it; one bucket alone gives its mean.
+
+        Within buckets a common skew is fitted so the sample's mean matches the measured mean (benchmarks
+        send fixed lengths: 200-token prompts sit in vLLM's (100, 200] bucket, not spread over it)."""
+        total = sum(self.counts)
+        if n <= 0 or total <= 0:
+            return []
+        used = [i for i, c in enumerate(self.counts) if c > 0]
+        if len(used) == 1:
+            return [max(1, round(self.mean))] * n
+        lows = [0.0] + list(self.bounds[:-1])
+        picks = rng.choices(range(len(self.counts)), weights=self.counts, k=n)
+        spots = [rng.random() for _ in range(n)]
+        edges = [(lows[i], self._top(i, lows)) for i in picks]
+        skew = self._fit_skew(edges, spots)
+        return [max(1, round(lo + (hi - lo) * u ** skew)) for (lo, hi), u in zip(edges, spots)]
+
+    def _top(self, i: int, lows: list[float]) -> float:
+        # the +Inf bucket is read as reaching twice its lower bound (its mean is fitted within it anyway)
+        return self.bounds[i] if math.isfinite(self.bounds[i]) else max(2 * lows[i], lows[i] + 1)
+
+    def _fit_skew(self, edges: list[tuple[float, float]], spots: list[float]) -> float:
+        def mean_at(skew: float) -> float:
+            return sum(lo + (hi - lo) * u ** skew for (lo, hi), u in zip(edges, spots)) / len(spots)
+        lo, hi = 1 / 64, 64.0  # u ** skew: small skew lifts values toward the bucket's top, large toward its floor
+        if not mean_at(hi) <= self.mean <= mean_at(lo):
+            return lo if self.mean > mean_at(lo) else hi
+        for _ in range(40):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if mean_at(mid) > self.mean else (lo, mid)
+        return math.sqrt(lo * hi)
+
+
+@dataclass
+class Measured:
+    """What the server measured over the window: the figures the model's replay is judged against."""
+
+    seconds: float
+    tally: Bin  # every bin of the window merged
+
+    def rate(self, name: str) -> float:
+        """A counter's increase per second over the window."""
+        return self.tally.increases.get(name, 0.0) / self.seconds if self.seconds else 0.0
+
+    def quantile(self, family: str, q: float) -> float | None:
+        """histogram_quantile over the window's buckets of a family."""
+        return self.tally.quantile(family, q)
+
+    def bounds(self, family: str) -> list[float]:
+        """The bucket bounds vLLM used for a family (the model's values are read through the same ones)."""
+        return sorted(self.tally.buckets.get(family, {}))
+
+    def as_dict(self) -> dict[str, float | None]:
+        """The headline figures, by the names the whatif document uses."""
+        return {"ttft_p95_s": self.quantile("ttft", 0.95), "itl_p95_s": self.quantile("itl", 0.95),
+                "queue_p95_s": self.quantile("queue", 0.95), "e2e_p95_s": self.quantile("e2e", 0.95),
+                "preemptions_per_s": self.rate("preemptions"), "requests_per_s": self.rate("requests"),
+                "generation_tokens_per_s": self.rate("generation_tokens")}
+
+
+@dataclass
+class Workload:
+    """One instance's workload over a window: how requests arrived, their lengths, and what was measured."""
+
+    instance: str
+    start_ms: int
+    end_ms: int
+    bin_s: float
+    arrivals: list[float]  # open loop: requests that arrived in each bin
+    clients: int | None  # closed loop: that many clients, each with one request outstanding
+    prompt: LengthDist
+    output: LengthDist
+    prefix_hit_rate: float
+    measured: Measured
+    bins: list[Bin] = field(repr=False, default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """The window's length."""
+        return (self.end_ms - self.start_ms) / 1000
+
+    def requests(self, seed: int = 0, rate_factor: float = 1.0) -> list[SimRequest]:
+        """The window's requests (arrival times from its start), reproducible by seed; rate_factor scales arrivals.
+
+        A closed loop yields as many request shapes as the window could need, arrivals at 0: the clients
+        send them in order as earlier ones return."""
+        rng = random.Random(seed)
+        if self.clients is not None:
+            n = max(int(self.measured.tally.requests * max(rate_factor, 1.0) * 3), self.clients * 4)
+            times = [0.0] * n
+        else:
+            times = []
+            for i, expected in enumerate(self.arrivals):
+                k = expected * rate_factor
+                count = int(k) + (1 if rng.random() < k - int(k) else 0)
+                times += sorted(i * self.bin_s + rng.random() * self.bin_s for _ in range(count))
+        prompts = self.prompt.sample(len(times), rng)
+        outputs = self.output.sample(len(times), rng)
+        return [SimRequest(t, p, o, cached_tokens=min(p - 1, int(p * self.prefix_hit_rate)))
+                for t, p, o in zip(times, prompts, outputs)]
+
+    def describe(self) -> dict:
+        """The workload block of the whatif document."""
+        return {"mode": "closed loop" if self.clients is not None else "open loop", "clients": self.clients,
+                "requests": round(self.measured.tally.requests, 1),
+                "arrival_rate_rps": round(sum(self.arrivals) / self.seconds, 4) if self.seconds else None,
+                "prompt_tokens_mean": round(self.prompt.mean, 1), "output_tokens_mean": round(self.output.mean, 1),
+                "prefix_cache_hit_rate": round(self.prefix_hit_rate, 4)}
+
+
+def read_workload(engine: object, instance: str | None, start_ms: int, end_ms: int, bin_ms: int = 10_000) -> Workload:
+    """The workload of `instance` (None: the one instance that served requests) over [start_ms, end_ms], from
+    any engine (the store's or a Prometheus)."""
+    bins = read_bins(engine, start_ms, end_ms, bin_ms, instance, FAMILIES)
+    if instance is None:
+        served = sorted({b.instance for b in bins if b.requests > 0})
+        if len(served) > 1:
+            raise NotEnoughTraffic(f"{len(served)} instances served requests in the window ({', '.join(served)}): "
+                                   "the model is of one server; pick one with --instance")
+        instance = served[0] if served else (bins[0].instance if bins else "")
+    bins = [b for b in bins if b.instance == instance]
+    whole = merged(bins)
+    if not bins or whole.requests < MIN_REQUESTS or not whole.buckets.get("prompt") or not whole.buckets.get("output"):
+        raise NotEnoughTraffic(
+            f"{instance or 'no instance'}: {whole.requests:.0f} requests completed between the window's ends (the model needs "
+            f"{MIN_REQUESTS} or more, with vllm:request_prompt_tokens and vllm:request_generation_tokens); "
+            "widen --since or pick a busier window")
+    tally = Bin(seconds=whole.seconds, instance=instance, end_ms=end_ms, increases=whole.increases,
+                gauge_seconds=whole.gauge_seconds, buckets=whole.buckets)
+    inc = whole.increases
+    prompt = LengthDist.from_buckets(whole.buckets["prompt"], _mean(inc, "prompt_sum", "prompt_count"))
+    output = LengthDist.from_buckets(whole.buckets["output"], _mean(inc, "output_sum", "output_count"))
+    queries = inc.get("prefix_queries", 0.0)
+    hit_rate = min(1.0, inc.get("prefix_hits", 0.0) / queries) if queries > 0 else 0.0
+    bin_s = bin_ms / 1000
+    return Workload(instance, bins[0].end_ms - bin_ms, bins[-1].end_ms, bin_s, _arrivals(bins), _clients(bins),
+                    prompt, output, hit_rate, Measured(len(bins) * bin_s, tally), bins)
+
+
+def _mean(inc: dict[str, float], total: str, count: str) -> float:
+    return inc.get(total, 0.0) / inc[count] if inc.get(count) else 0.0
+
+
+def _population(b: Bin) -> float:
+    return (b.gauge_seconds.get("running", 0.0) + b.gauge_seconds.get("waiting", 0.0)) / b.seconds
+
+
+def _arrivals(bins: list[Bin]) -> list[float]:
+    """Requests that arrived per bin: those that completed plus the growth of the population in the system."""
+    out, before = [], _population(bins[0]) if bins else 0.0
+    for b in bins:
+        now = _population(b)
+        out.append(max(0.0, b.requests + now - before))
+        before = now
+    return out
+
+
+def _clients(bins: list[Bin]) -> int | None:
+    """The closed loop's client count, None when the load arrived on its own (see the module's docstring).
+
+    The gauges are sampled moments (a busy host answers /metrics between engine steps), so they only
+    say whether requests waited; the population comes from the counters by Little's law (completion
+    rate x mean time in the server). A closed loop differs from an open loop that overloads the server
+    in that its population does not grow: the last third of the window holds about as many as the first."""
+    waited = [b for b in bins if b.gauge_seconds.get("waiting", 0.0) / b.seconds >= 0.5]
+    if not bins or len(waited) < SATURATED_SHARE * len(bins):
+        return None
+    third = max(1, len(bins) // 3)
+    first, last = (merged(part) for part in (bins[:third], bins[-third:]))
+    population = [_littles_law(t) for t in (first, last, merged(bins))]
+    if None in population or population[1] - population[0] > max(POPULATION_GROWTH * population[0], 3.0):
+        return None
+    return max(1, round(population[2]))
+
+
+def _littles_law(t: Tally) -> float | None:
+    """Requests in the server on average over a stretch: completion rate x mean end-to-end latency."""
+    count = t.increases.get("e2e_count", 0.0)
+    if count <= 0 or t.seconds <= 0:
+        return None
+    return t.rate * t.increases.get("e2e_sum", 0.0) / count

@@ -1,0 +1,168 @@
+"""`whatif` on the recorded real session (reports/recordings/cpu-tiny-llama.prom.gz) and on its parts.
+
+The session's kv_cache_pressure scenario is 12 clients of 200+200-token requests on 8 KV blocks of
+128 tokens and 4 sequence slots: a closed loop that preempts 3.6 times a second. The model reads
+that workload back from the counters and histograms, fits its step time and replays the window;
+its figures are judged against what the server measured.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_sentinel.agent.daemon.routes import daemon_route_whatif
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, Unrepresentable, engine_config,
+                                                         fit_length, relative_error)
+from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig, SimRequest
+from vllm_sentinel.agent.diagnosis.sim_workload import LengthDist, NotEnoughTraffic, read_workload
+from vllm_sentinel.agent.diagnosis.whatif import WhatIfQuery, store_configs, whatif
+from vllm_sentinel.agent.diagnosis.whatif_knobs import BadKnob, apply_sets, parse_rate, parse_sets
+from vllm_sentinel.agent.promql.engine import Engine
+from vllm_sentinel.agent.store.db import Store
+
+CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=2048, num_blocks=8, block_size=128, max_model_len=512)
+LIVE = {"kv_bytes_per_token": 2048, "cache_dtype": "auto", "model_dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The recorded session in a DuckDB file and its scenarios' windows (the first 20 s of each left out)."""
+    meta = load_metadata(default_recording())
+    path = tmp_path_factory.mktemp("whatif") / "session.duckdb"
+    with Store.open(path) as store:
+        replay_into(store, default_recording())
+    phases = {s["name"]: (s["start_ms"] + 20_000, s["end_ms"]) for s in meta["scenarios"]}
+    return {"path": path, "phases": phases, "instance": meta["instance"]}
+
+
+def _doc(session: dict, phase: str, sets: tuple = (), window: tuple[int, int] | None = None) -> dict:
+    start, end = window or session["phases"][phase]
+    with Store.open(session["path"], read_only=True) as store:
+        return whatif(Engine(store), store_configs(store, start, end), WhatIfQuery(start, end, None, sets))
+
+
+def test_the_workload_is_read_back_from_the_counters(session: dict) -> None:
+    """12 clients of 200-token prompts and outputs, all waiting for 4 slots: a closed loop of about 12."""
+    start, end = session["phases"]["kv_cache_pressure"]
+    with Store.open(session["path"], read_only=True) as store:
+        w = read_workload(Engine(store), None, start, end)
+    assert w.instance == session["instance"]
+    assert w.clients is not None and 10 <= w.clients <= 14
+    assert w.prompt.mean == pytest.approx(204, abs=5) and w.output.mean == pytest.approx(200, abs=1)
+    assert w.measured.rate("preemptions") > 3
+    requests = w.requests(seed=1)
+    assert all(r.arrival_s == 0 for r in requests) and len(requests) >= w.measured.tally.requests
+    # the light healthy load arrived on its own: an open loop, arrivals per bin as completions
+    start, end = session["phases"]["healthy"]
+    with Store.open(session["path"], read_only=True) as store:
+        light = read_workload(Engine(store), None, start, end)
+    assert light.clients is None
+    assert sum(light.arrivals) == pytest.approx(light.measured.tally.requests, rel=0.2)
+    times = [r.arrival_s for r in light.requests(seed=1)]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] <= light.seconds
+
+
+def test_the_replay_of_the_kv_window_is_within_the_bound_and_more_blocks_stop_the_preemptions(session: dict) -> None:
+    doc = _doc(session, "kv_cache_pressure", (("num-gpu-blocks", "80"),))
+    cal = doc["calibration"]
+    assert doc["withheld"] is None, cal
+    assert all(e is not None and e <= CALIBRATION_BOUND for e in cal["error"].values()), cal["error"]
+    assert cal["measured"]["preemptions_per_s"] > 3 and cal["modelled"]["preemptions_per_s"] > 2
+    current, asked = doc["scenarios"]
+    assert asked["changes"] == ["--num-gpu-blocks-override 8 -> 80"]
+    assert asked["config"]["num_blocks"] == 80 and current["config"]["num_blocks"] == 8
+    before, after = current["predicted"], asked["predicted"]
+    # 12 requests of 400 tokens need 48 blocks: with 80 nothing is preempted and more requests meet the objective
+    assert after["preemptions_per_s"] == 0 < before["preemptions_per_s"]
+    assert after["goodput_rps"] > before["goodput_rps"]
+    assert after["generation_tokens_per_s"] > before["generation_tokens_per_s"]
+    # the same seed gives the same document
+    assert _doc(session, "kv_cache_pressure", (("num-gpu-blocks", "80"),)) == doc
+
+
+def test_predictions_are_withheld_where_the_replay_misses_the_measurement(session: dict) -> None:
+    """The queue scenario's load changed under it (its population grew from 8 to 12 and its completions fell
+    fourfold): a stationary replay misses its TTFT p95, and no prediction is shown, only the reason."""
+    doc = _doc(session, "queue_blocking", (("max-num-seqs", "8"),))
+    assert doc["withheld"] and "ttft_p95_s off by" in doc["withheld"]
+    assert all(sc["predicted"] is None for sc in doc["scenarios"])
+
+
+def test_too_little_traffic_and_an_unknown_configuration_say_what_to_do(session: dict) -> None:
+    start, _end = session["phases"]["healthy"]
+    with pytest.raises(NotEnoughTraffic, match="widen --since"):
+        _doc(session, "healthy", window=(start - 3_600_000, start - 3_000_000))
+    with pytest.raises(Unrepresentable, match="lacks num_gpu_blocks"):
+        engine_config({"max_num_seqs": 4, "max_num_batched_tokens": 2048, "block_size": 128, "max_model_len": 512})
+
+
+def test_knobs_parse_and_apply_in_the_operators_words() -> None:
+    assert parse_sets(["max-num-seqs=2", "--num-gpu-blocks 80", "VLLM_CPU_KVCACHE_SPACE=2"]) == [
+        ("max-num-seqs", "2"), ("num-gpu-blocks", "80"), ("VLLM_CPU_KVCACHE_SPACE", "2")]
+    cfg, said = apply_sets(CONFIG, [("kv-cache-memory-bytes", "2GiB")], LIVE)
+    assert cfg.num_blocks == 2 * 1024**3 // (2048 * 128) == 8192 and said == [
+        "kv-cache-memory-bytes 2GiB: 8 -> 8192 KV blocks"]
+    assert apply_sets(CONFIG, [("VLLM_CPU_KVCACHE_SPACE", "1")], LIVE)[0].num_blocks == 4096
+    assert apply_sets(CONFIG, [("kv-cache-dtype", "fp8")], LIVE)[0].num_blocks == 16
+    assert apply_sets(CONFIG, [("block-size", "16")], LIVE)[0].num_blocks == 64  # the same memory, smaller blocks
+    assert apply_sets(CONFIG, [("scheduling-policy", "priority"), ("enable-chunked-prefill", "false")],
+                      LIVE)[0].policy == "priority"
+    assert parse_rate("x1.5") == parse_rate("1.5x") == parse_rate("150%") == 1.5
+    for bad, words in ((["gpu-count=2"], "not a knob"), (["max-num-seqs"], "NAME=VALUE")):
+        with pytest.raises(BadKnob, match=words):
+            parse_sets(bad)
+    for knob, words in ((("max-num-seqs", "two"), "whole number"), (("max-num-seqs", "0"), "1 or more"),
+                        (("scheduling-policy", "lifo"), "fcfs or priority"),
+                        (("kv-cache-memory-bytes", "lots"), "not a size")):
+        with pytest.raises(BadKnob, match=words):
+            apply_sets(CONFIG, [knob], LIVE)
+    with pytest.raises(BadKnob, match="bytes per token of the model are unknown"):
+        apply_sets(CONFIG, [("kv-cache-memory-bytes", "1GiB")], {})
+    with pytest.raises(BadKnob, match="a factor"):
+        parse_rate("fast")
+
+
+def test_length_distributions_keep_the_measured_mean_inside_vllms_buckets() -> None:
+    rng = random.Random(3)
+    one = LengthDist.from_buckets({100: 0, 200: 50, 500: 50, float("inf"): 50}, 180.0)
+    assert one.sample(5, rng) == [180] * 5  # every request in one bucket: the benchmark's fixed length
+    spread = LengthDist.from_buckets({100: 30, 500: 80, 2000: 100, float("inf"): 100}, 600.0)
+    values = spread.sample(4000, rng)
+    assert sum(values) / len(values) == pytest.approx(600, rel=0.03)
+    assert sum(v <= 100 for v in values) / len(values) == pytest.approx(0.3, abs=0.03)
+    assert max(values) <= 2000
+
+
+def test_errors_count_from_the_floor_and_lengths_are_cut_to_max_model_len() -> None:
+    assert relative_error(1.3, 1.0, 0.05) == pytest.approx(0.3)
+    assert relative_error(0.04, 0.0, 0.1) == 0.0  # both under the floor: no error
+    assert relative_error(None, 1.0, 0.1) is None
+    cut = fit_length(SimRequest(0.0, 480, 200, cached_tokens=400), 512)
+    assert (cut.prompt_tokens, cut.output_tokens, cut.cached_tokens) == (312, 200, 311)
+
+
+def test_the_cli_and_the_daemon_route_answer_alike(session: dict, tmp_path: Path) -> None:
+    start, end = session["phases"]["kv_cache_pressure"]
+    argv = [sys.executable, "-m", "vllm_sentinel", "whatif", "--db", str(session["path"]), "--since",
+            f"{(end - start) / 1000:.3f}s", "--until", f"{end / 1000:.3f}", "--set", "num-gpu-blocks=80"]
+    table = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "the model's replay of the window" in table.stdout and "asked" in table.stdout
+    markdown = subprocess.run(argv + ["--format", "markdown"], capture_output=True, text=True, timeout=120)
+    assert markdown.stdout.startswith("# What if") and "| goodput req/s |" in markdown.stdout
+    query = WhatIfQuery(start, end, None, (("num-gpu-blocks", "80"),))
+    with Store.open(session["path"], read_only=True) as store:
+        routed = daemon_route_whatif()(store, query.as_params())
+    assert routed["scenarios"] == _doc(session, "kv_cache_pressure", (("num-gpu-blocks", "80"),))["scenarios"]
+    bad = subprocess.run(argv[:-2] + ["--set", "gpu-count=2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a knob" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    empty = subprocess.run(argv[:-2] + ["--until", f"{(start - 3_600_000) / 1000:.0f}"], capture_output=True,
+                           text=True, timeout=120)
+    assert empty.returncode == 1 and "Traceback" not in empty.stderr, empty.stderr
