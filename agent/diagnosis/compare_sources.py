@@ -1,9 +1,11 @@
 """What `compare` reads, from the DuckDB store or from a Prometheus: one CompareSource each.
 
 The store has the sidecar's configuration snapshots (each change recorded with its time) and its
-live incidents; a Prometheus has neither, so there the configuration is the one the metrics show
-(agent/diagnosis/metrics_config.py) and the incidents are the rule pack replayed in it, as
-`diagnose --prometheus` does. Restarts are found from the process start times in both.
+live incidents. An instance no sidecar watched (an ingested dump) and a Prometheus have neither:
+there the configuration is what the `_info` series' labels say, and its changes are where those
+labels changed (agent/diagnosis/change_points.py); a Prometheus' incidents are the rule pack
+replayed in it, as `diagnose --prometheus` does. Restarts are found in the metrics for every
+source (compare_windows.py).
 """
 
 from __future__ import annotations
@@ -11,18 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_sentinel.agent.alerts.rulemodel import RuleFile
+from vllm_sentinel.agent.diagnosis.change_points import info_changes, info_config_at
 from vllm_sentinel.agent.diagnosis.compare import CompareRequest, CompareSource
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, WindowEvaluator, merge_incidents
 from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
 from vllm_sentinel.agent.diagnosis.liveconfig import load_snapshot_at, snapshot_history
-from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
 from vllm_sentinel.agent.diagnosis.remote import probe_window, remote_incidents
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.promql.remote import RemoteEngine
+from vllm_sentinel.agent.store.config_snapshots import first_config_snapshot
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
-
-CONFIG_STEP_MS = 15_000
-CONFIG_LOOKBACK_MS = 300_000
 
 
 def config_change_times(store: Any, instance: str, start_ms: int, end_ms: int) -> list[int]:
@@ -32,32 +32,48 @@ def config_change_times(store: Any, instance: str, start_ms: int, end_ms: int) -
             if cur.values != prev.values and cur.ts_ms is not None and cur.ts_ms > start_ms]
 
 
+def info_change_times(engine: Any, instance: str, start_ms: int, end_ms: int) -> list[int]:
+    """Times in (start_ms, end_ms] where an `_info` series of the instance took other labels."""
+    return [p.at_ms for p in info_changes(engine, instance, start_ms, end_ms)]
+
+
 def store_source(store: Any, evaluate_window: WindowEvaluator | None, name: str = "") -> CompareSource:
-    """compare over the DuckDB store: snapshots for the configuration, stored plus replayed incidents."""
+    """compare over the DuckDB store: snapshots for the configuration (the `_info` series for an instance no
+    sidecar watched), stored plus replayed incidents."""
+    engine = Engine(store)
+    watched: dict[str, bool] = {}
+
+    def snapshots(instance: str) -> bool:
+        if instance not in watched:
+            watched[instance] = first_config_snapshot(store, instance) is not None
+        return watched[instance]
+
     def config_at(instance: str, t_ms: int) -> dict[str, Any]:
+        if not snapshots(instance):
+            return info_config_at(engine, instance, t_ms)
         snap = load_snapshot_at(store, instance, t_ms)
         return dict(snap.values) if snap else {}
+
+    def config_changes(instance: str, lo: int, hi: int) -> list[int]:
+        if snapshots(instance):
+            return config_change_times(store, instance, lo, hi)
+        return info_change_times(engine, instance, lo, hi)
 
     def incidents(start_ms: int, end_ms: int, instance: str) -> list[dict]:
         replayed = evaluate_window(store, start_ms, end_ms, instance) if evaluate_window else []
         return merge_incidents(stored_incidents(store, start_ms, end_ms, instance), replayed)
 
-    return CompareSource(Engine(store), name or f"duckdb:{store.path}",
-                         lambda lo, hi: instances_with_samples(store, lo, hi), config_at,
-                         lambda inst, lo, hi: config_change_times(store, inst, lo, hi), incidents)
+    return CompareSource(engine, name or f"duckdb:{store.path}", lambda lo, hi: instances_with_samples(store, lo, hi),
+                         config_at, config_changes, incidents)
 
 
 def remote_source(engine: RemoteEngine, pack: list[RuleFile]) -> CompareSource:
-    """compare over a Prometheus: the configuration the metrics show, the pack replayed for incidents."""
+    """compare over a Prometheus: the configuration the `_info` series show, the pack replayed for incidents."""
     def instances(lo: int, hi: int) -> list[str]:
         try:
             return probe_window(engine, lo, hi).instances
         except NoDataInWindow:
             return []
-
-    def config_at(instance: str, t_ms: int) -> dict[str, Any]:
-        cfg = metrics_configs(engine, [instance], t_ms, CONFIG_STEP_MS, t_ms - CONFIG_LOOKBACK_MS).get(instance)
-        return dict(cfg.values) if cfg else {}
 
     def incidents(start_ms: int, end_ms: int, instance: str) -> list[dict]:
         try:
@@ -65,8 +81,8 @@ def remote_source(engine: RemoteEngine, pack: list[RuleFile]) -> CompareSource:
         except NoDataInWindow:
             return []
 
-    return CompareSource(engine, engine.source, instances, config_at, lambda _i, _lo, _hi: [], incidents)
-
+    return CompareSource(engine, engine.source, instances, lambda inst, t: info_config_at(engine, inst, t),
+                         lambda inst, lo, hi: info_change_times(engine, inst, lo, hi), incidents)
 
 
 def request_query(req: CompareRequest) -> dict:

@@ -1,12 +1,14 @@
 """Which stretches of history `compare` sets side by side: given ones, or around the latest change.
 
 `--change auto` takes the latest event of an instance in the searched stretch: a configuration
-snapshot that differs from the one before it (the sidecar records one when the command line or
-the engine's cache config changes), or a restart of the API server (its process start time jumps).
+change (a sidecar snapshot that differs from the one before it, or where no sidecar watched, an
+`_info` series whose labels changed: agent/diagnosis/change_points.py), or a restart, from the
+metrics whatever the source: the API server's process start time jumps, or vLLM's counters reset.
 The server is down around a restart: `up` reads 0 from the old process' exit until the new one
-answers. The before-window ends where that gap starts, the after-window starts where it ends
-plus a settling margin (caches fill, queues reach their steady state), and both are as long as
-the shorter side allows (capped by `--window`), never reaching past an earlier change.
+answers, or (an ingested dump, a sidecar that stopped too) no sample arrives at all. The
+before-window ends where that down time starts, the after-window starts where it ends plus a
+settling margin (caches fill, queues reach their steady state), and both are as long as the
+shorter side allows (capped by `--window`), never reaching past an earlier change.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_sentinel.agent.diagnosis.metrics_config import SERVER_START_EXPRS
+from vllm_sentinel.agent.diagnosis.change_points import restart_points
 from vllm_sentinel.agent.promql.remote import range_all
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
@@ -50,23 +52,8 @@ class ChangeWindows:
         return doc
 
 
-def restarts(engine: Any, instance: str, lo_ms: int, hi_ms: int) -> list[int]:
-    """Start times (ms) of API server processes of `instance` that started in (lo_ms, hi_ms] after another."""
-    step = max(GAP_STEP_MS, (hi_ms - lo_ms) // 2000 // 1000 * 1000)
-    found: set[int] = set()
-    for result in range_all(engine, [(e, lo_ms, hi_ms, step) for e in SERVER_START_EXPRS]):
-        for series in result:
-            if series.labels.get("instance") != instance:
-                continue
-            values = [v for _, v in series.points]
-            for prev, cur in zip(values, values[1:]):
-                if cur > prev + 1 and lo_ms < cur * 1000 <= hi_ms:  # whole seconds: jitter is no restart
-                    found.add(int(cur * 1000))
-    return sorted(found)
-
-
 def down_around(engine: Any, instance: str, restart_ms: int, lo_ms: int, hi_ms: int) -> tuple[int, int] | None:
-    """(first down, back up) of the `up == 0` stretch holding a restart (the new process' start); None if none."""
+    """(first down, back up) of the `up == 0` stretch holding a restart (the new process' first sign); None if none."""
     lo, hi = max(lo_ms, restart_ms - GAP_SEARCH_MS), min(hi_ms, restart_ms + GAP_SEARCH_MS)
     if hi - lo < GAP_STEP_MS:
         return None
@@ -95,8 +82,8 @@ def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms
     """The windows either side of the latest change of `instance` in `stretch`; NoChangeFound when none."""
     lo, hi = stretch
     configs = config_changes(instance, lo, hi)
-    starts = restarts(engine, instance, lo, hi)
-    events = sorted(set(configs) | set(starts))
+    found = restart_points(engine, instance, lo, hi)
+    events = sorted(set(configs) | {p.at_ms for p in found})
     if not events:
         raise NoChangeFound(f"no configuration change or restart of {instance} between {iso_seconds(lo)} and "
                             f"{iso_seconds(hi)}; widen --since/--until, or give --before/--after windows")
@@ -104,8 +91,9 @@ def auto_windows(engine: Any, instance: str, stretch: tuple[int, int], settle_ms
     # the sidecar records a new command line once it finds the new server listening (startup takes a
     # minute or more) and at its next snapshot: the restart behind a change is the last one before it,
     # and the new settings were in force from the moment that server answered
-    restart = next((t for t in reversed(starts) if change - GAP_SEARCH_MS <= t <= change), None)
-    down = down_around(engine, instance, restart, lo, hi) if restart is not None else None
+    restart = next((p for p in reversed(found) if change - GAP_SEARCH_MS <= p.at_ms <= change), None)
+    # where no `up` reads 0 (a dump holds the samples scraped, none for the down time), the gap in them
+    down = (down_around(engine, instance, restart.at_ms, lo, hi) or restart.gap) if restart is not None else None
     before_end, ready = down if down else (change, change)
     after_start = ready + settle_ms
     earlier = [e for e in events if e < before_end]

@@ -14,11 +14,15 @@ import json
 import math
 import random
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.agent.diagnosis.test_change_points import INSTANCE as DUMPED
+from tests.agent.diagnosis.test_change_points import SCRAPE_MS, T0, Dump, Phase, dump, loaded, user_case
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
 from vllm_sentinel.agent.diagnosis import liveconfig
@@ -30,7 +34,8 @@ from vllm_sentinel.agent.promql.notation import parse_series_selector
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.ingest import ingest_text
 from vllm_sentinel.collectors.base import Batch
-from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
+from vllm_sentinel.collectors.timefmt import iso_seconds, parse_rfc3339_ms
+from vllm_sentinel.reports.compare_view import config_lines
 
 CANARY = "canary:8000"
 
@@ -421,3 +426,121 @@ def test_incidents_never_turn_the_verdict() -> None:
     # no histogram to read goodput from: the headline signals decide
     verdict, reasons = decide([_row("preemptions_per_s", -100, True)], {"stopped": [], "started": []})
     assert verdict == "improved" and reasons[0].startswith("goodput unknown"), reasons
+
+
+# -- changes found in the metrics alone: an ingested dump (tests/agent/diagnosis/test_change_points.py) ----------
+
+def dumped(d: Dump) -> dict:
+    """`compare --change auto` over the dump loaded by `ingest` into an in-memory store (its end as --until)."""
+    store = loaded(d)
+    try:
+        doc = compare(store_source(store, pack_window_evaluator(load_pack())), CompareRequest(d.stretch))
+    finally:
+        store.close()
+    json.dumps(doc)
+    return doc
+
+
+def _window_ms(doc: dict, side: str) -> tuple[int, int]:
+    return parse_rfc3339_ms(doc["window"][side]["start"]), parse_rfc3339_ms(doc["window"][side]["end"])
+
+
+def test_change_auto_over_an_ingested_dump_finds_the_relabelled_cache_config_across_the_restart() -> None:
+    """The user's dump: cache_config_info 0.9/9000 -> 0.95/12000 after a minute without samples, counters from 0.
+    The change is where the samples resume, its label differences are listed, and the windows lie either side
+    of the gap (the after one past the settling margin), equally long; the faster TTFT after it is the verdict."""
+    d = user_case()
+    doc = dumped(d)
+    (_first, stopped), (resumed, last) = d.spans
+    change = doc["window"]["change"]
+    assert change["kind"] == "configuration change", doc["window"]
+    assert abs(parse_rfc3339_ms(change["at"]) - resumed) < SCRAPE_MS, (change, resumed)
+    assert doc["config_changes"] == [
+        {"param": "--gpu-memory-utilization", "before": "0.9", "after": "0.95", "at": change["at"]},
+        {"param": "num_gpu_blocks", "before": "9000", "after": "12000", "at": change["at"]}]
+    assert doc["window"]["down"] == {"start": iso_seconds(stopped), "end": iso_seconds(resumed)}, doc["window"]
+    before, after = _window_ms(doc, "before"), _window_ms(doc, "after")
+    assert before[1] == stopped // 1000 * 1000 and after[0] == (resumed + 60_000) // 1000 * 1000, doc["window"]
+    # equally long, to the second the times are written in
+    assert abs((before[1] - before[0]) - (after[1] - after[0])) <= 1000 and before[1] - before[0] >= 200_000
+    assert after[1] <= last
+    attainment = signals(doc)["slo_attainment"]
+    assert attainment["before"] == pytest.approx(0.6) and attainment["after"] == pytest.approx(0.9), attainment
+    assert doc["verdict"] == "improved", doc["verdict_reasons"]
+
+
+def test_given_windows_over_a_dump_record_the_configuration_of_each_side() -> None:
+    """--before/--after over the dump: each side's configuration is its cache_config_info labels, so the
+    difference is recorded (no change time: the windows were given), in the document and in the table."""
+    d = user_case()
+    (first, stopped), (resumed, last) = d.spans
+    with loaded(d) as store:
+        doc = compare(store_source(store, pack_window_evaluator(load_pack())),
+                      CompareRequest(d.stretch, before=(first, stopped), after=(resumed + 60_000, last)))
+    assert "change" not in doc["window"]
+    assert [(c["param"], c["before"], c["after"], c["at"]) for c in doc["config_changes"]] == [
+        ("--gpu-memory-utilization", "0.9", "0.95", None), ("num_gpu_blocks", "9000", "12000", None)]
+    assert config_lines(doc) == ["--gpu-memory-utilization 0.9 -> 0.95", "num_gpu_blocks 9000 -> 12000"]
+
+
+def test_change_auto_over_a_dump_finds_a_restart_from_the_start_time_jump_alone() -> None:
+    """A restart between two scrapes, no sample missing, nothing relabelled: the process start time jumped
+    (and the counters reset); the windows meet at it."""
+    d = dump(Phase(300, start_time_s=T0 // 1000 - 3600), Phase(300, restarted=True, start_time_s=T0 // 1000 + 299))
+    doc = dumped(d)
+    change = doc["window"]["change"]
+    assert change["kind"] == "restart" and "down" not in doc["window"], doc["window"]
+    assert abs(parse_rfc3339_ms(change["at"]) - d.spans[1][0]) < SCRAPE_MS
+    assert doc["config_changes"] == []
+    assert _window_ms(doc, "before")[1] == parse_rfc3339_ms(change["at"])
+
+
+def test_change_auto_over_a_dump_finds_counters_that_reset() -> None:
+    d = dump(Phase(300), Phase(300, restarted=True))
+    doc = dumped(d)
+    assert doc["window"]["change"]["kind"] == "restart" and doc["config_changes"] == []
+    assert abs(parse_rfc3339_ms(doc["window"]["change"]["at"]) - d.spans[1][0]) < SCRAPE_MS
+
+
+def test_a_dump_without_a_change_says_so_in_one_line() -> None:
+    """Ten steady minutes, and a minute without samples in them that no reset followed (a scrape outage)."""
+    for d in (dump(Phase(600)), dump(Phase(300), Phase(240, gap_before_s=60))):
+        with pytest.raises(NoChangeFound) as e:
+            dumped(d)
+        assert str(e.value).startswith(f"no configuration change or restart of {DUMPED} between ")
+        assert "\n" not in str(e.value)
+
+
+def test_snapshots_stay_first_and_a_restart_only_the_metrics_show_is_found() -> None:
+    """An instance the sidecar watched: its snapshot (one, never changed) is the configuration, whatever the
+    info series say; the restart behind the gap is still found, and the windows skip the gap."""
+    d = user_case()
+    (first, stopped), (resumed, _last) = d.spans
+    with loaded(d) as store:
+        liveconfig.record_snapshot(store, DUMPED, first)
+        doc = compare(store_source(store, pack_window_evaluator(load_pack())), CompareRequest(d.stretch))
+    assert doc["window"]["change"]["kind"] == "restart", doc["window"]
+    assert abs(parse_rfc3339_ms(doc["window"]["change"]["at"]) - resumed) < SCRAPE_MS
+    assert doc["window"]["down"] == {"start": iso_seconds(stopped), "end": iso_seconds(resumed)}
+    assert doc["config_changes"] == []
+
+
+def test_cli_compare_over_an_ingested_dump(tmp_path: Path) -> None:
+    """What the user ran: `ingest FILE`, then `compare --change auto` over the file's stretch."""
+    d = user_case()
+    (tmp_path / "dump.prom").write_text(d.text)
+    db = str(tmp_path / "dump.duckdb")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vllm_sentinel", *args], capture_output=True, text=True,
+                              timeout=300)
+
+    assert cli("ingest", str(tmp_path / "dump.prom"), "--db", db).returncode == 0
+    lo, hi = d.stretch
+    done = cli("compare", "--change", "auto", "--db", db, "--since", f"{(hi - lo) / 1000:.3f}s",
+               "--until", f"{hi / 1000:.3f}")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "configuration change at " in text, done.stdout
+    assert "configuration: --gpu-memory-utilization 0.9 -> 0.95 (at " in text, done.stdout
+    assert "; num_gpu_blocks 9000 -> 12000 (at " in text and "verdict: improved" in text, done.stdout

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent.diagnosis.test_change_points import INSTANCE as DUMPED
+from tests.agent.diagnosis.test_change_points import loaded as dump_loaded
+from tests.agent.diagnosis.test_change_points import user_case
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer, backfill, write_openmetrics
 from vllm_sentinel.agent.demo.replay import default_recording, load_metadata
@@ -28,6 +31,7 @@ from vllm_sentinel.agent.diagnosis.compare_sources import remote_source as remot
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.demo.vllm_server import free_port
 from vllm_sentinel.agent.diagnosis.capacity import CapacityQuery, capacity
+from vllm_sentinel.agent.diagnosis.change_points import find_changes
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow, diagnose
 from vllm_sentinel.agent.diagnosis.remote import diagnose_remote
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -292,3 +296,34 @@ def test_compare_reads_the_same_from_prometheus(loaded) -> None:
         for side in ("before", "after"):
             assert close(remote["slo"][key][side], local["slo"][key][side]), (key, remote["slo"], local["slo"])
     assert remote["slo"]["method"] == local["slo"]["method"] and "le=1.0" in local["slo"]["method"]
+
+
+@pytest.fixture(scope="module")
+def relabelled(tmp_path_factory: pytest.TempPathFactory):
+    """(dump, Prometheus): test_change_points' user case (cache_config_info relabelled after a minute without
+    samples, counters from zero) backfilled into a running Prometheus."""
+    d = user_case()
+    tmp = tmp_path_factory.mktemp("relabelled")
+    (tmp / "dump.prom").write_text(d.text)
+    backfill(write_openmetrics(tmp / "dump.prom", tmp / "dump.om"), tmp / "prom" / "tsdb")
+    with PrometheusServer(tmp / "prom") as prom:
+        yield d, prom
+
+
+def test_prometheus_shows_the_same_configuration_change_and_restart_as_the_ingested_dump(relabelled) -> None:
+    """A fleet's Prometheus has no sidecar snapshots: the relabelled info series and the restart behind the gap
+    come from its metrics, the same changes at the same milliseconds as from the ingested dump, and
+    `compare --change auto` through remote_source sets the same windows and lists the same differences."""
+    d, prom = relabelled
+    engine = engine_of(prom)
+    with dump_loaded(d) as store:
+        local_points = find_changes(Engine(store), DUMPED, *d.stretch)
+        local = compare(store_source(store, pack_window_evaluator(load_pack())), CompareRequest(d.stretch))
+    remote_points = find_changes(engine, DUMPED, *d.stretch)
+    assert [p.kind for p in remote_points] == ["configuration", "restart"], [p.as_dict() for p in remote_points]
+    assert remote_points == local_points
+    remote = compare(remote_compare_source(engine, load_pack()), CompareRequest(d.stretch))
+    assert remote["window"] == local["window"] and remote["window"]["change"]["kind"] == "configuration change"
+    assert remote["config_changes"] == local["config_changes"]
+    assert [(c["param"], c["before"], c["after"]) for c in remote["config_changes"]] == [
+        ("--gpu-memory-utilization", "0.9", "0.95"), ("num_gpu_blocks", "9000", "12000")]
