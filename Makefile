@@ -8,7 +8,7 @@ demo:
 test:
 	@scripts/setup.sh --with-tests
 	scripts/lint_layers.sh
-	VLLM_SENTINEL_REQUIRE_VLLM=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests
+	VLLM_SENTINEL_REQUIRE_VLLM=1 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # unit tests only (no real vLLM server): seconds, for the edit loop
 test-fast:

@@ -14,8 +14,10 @@ from typing import Any
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.diagnosis.captures import traces_of
+from vllm_sentinel.agent.diagnosis.fix_ranking import pack_objectives, rank_fixes
 from vllm_sentinel.agent.diagnosis.incidents import stored_incidents
 from vllm_sentinel.agent.diagnosis.liveconfig import ARGV_FLAGS
+from vllm_sentinel.agent.diagnosis.whatif import store_configs
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.captures_table import captures_around
 from vllm_sentinel.agent.store.config_snapshots import config_snapshot_at, first_config_snapshot
@@ -298,6 +300,10 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
                       engine: Any = None, source: str = "") -> ReportData:
     """The report data of an incident dict (stored, or found by a window evaluation) read from `store`."""
     start, window = incident_window(incident, now_ms)
+    if "model" not in incident and incident.get("fixes"):  # a stored incident: its fixes predicted and ranked now
+        incident = {**incident, "fixes": [dict(f) for f in incident["fixes"]]}
+        rank_fixes(engine or Engine(store), store_configs(store, window[0], window[1]), [incident], window[1],
+                   pack_objectives(rules))
     missing: list[str] = []
     exprs, descriptions, series = charted_evidence(store, incident, rules, window, engine, missing)
 

@@ -183,3 +183,33 @@ def compare_charts(doc: dict) -> list[dict]:
         out.append(chart_data(name, series, window_ms=span, incident_ms=between, unit=units.get(name, ""),
                               description="per interval; shaded: between the windows (the change)"))
     return out
+
+
+# (fix prediction key, compare signal, label)
+PREDICTED_SIGNALS = (("ttft_p95_s", "ttft_p95_seconds", "TTFT p95 s"),
+                     ("tpot_p95_s", "itl_p95_seconds", "inter-token p95 s"),
+                     ("preemptions_per_s", "preemptions_per_s", "preemptions/s"),
+                     ("throughput_tps", "generation_tokens_per_s", "generated tokens/s"),
+                     ("goodput_rps", "goodput_rps", "goodput req/s"))
+
+
+def prediction_rows(fix: dict, doc: dict) -> list[tuple[str, float | None, float | None]]:
+    """(label, predicted, measured after the change) for each signal the fix's prediction names."""
+    predicted = fix.get("predicted") or {}
+    after = {s["name"]: s.get("after") for s in doc.get("signals", [])}
+    return [(label, predicted.get(key), after.get(name)) for key, name, label in PREDICTED_SIGNALS
+            if key in predicted]
+
+
+def render_prediction(console: Console, fix: dict, doc: dict) -> None:
+    """The model's prediction for an applied fix beside what compare measured after it."""
+    rows = prediction_rows(fix, doc)
+    if not rows:
+        return
+    table = Table(title=f"predicted before the change vs measured after it ({fix['param']} {fix.get('current')} -> "
+                        f"{fix.get('suggested')})", show_edge=False, pad_edge=False, title_justify="left")
+    for col, justify in (("signal", "left"), ("predicted", "right"), ("measured", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for label, p, m in rows:
+        table.add_row(label, fmt_number(p), fmt_number(m))
+    console.print(table)

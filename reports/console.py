@@ -59,6 +59,14 @@ def fix_line(fix: dict) -> str:
     return f"{param} {cur} -> {new}"
 
 
+def predicted_line(p: dict) -> str:
+    """'predicted: goodput 0.95 req/s, TTFT p95 0.6 s, 0 preemptions/s' (and the trade, where there is one)."""
+    def n(key: str) -> str:
+        return "-" if p.get(key) is None else f"{p[key]:.3g}"
+    line = f"predicted: goodput {n('goodput_rps')} req/s, TTFT p95 {n('ttft_p95_s')} s, {n('preemptions_per_s')} preemptions/s"
+    return line + (f"; trade: {p['trade']}" if p.get("trade") else "")
+
+
 def explained_by(inc: dict, incidents: list[dict]) -> str:
     """'kv_cache_pressure c06a4ef9cd12, traffic_burst 5119cacc4f2a' for an incident's `caused_by` ids."""
     return ", ".join(f"{name} {cid[:12]}" for name, cid in explaining(inc, incidents))
@@ -86,6 +94,9 @@ def _render_incident(console: Console, inc: dict, day: str, incidents: list[dict
         inferred = str(fixes[0].get("current_source") or "").startswith("inferred")
         console.print(Text(f"{pad}fix: {fix_line(fixes[0])}" + ("  (current value inferred from the metrics)"
                                                                 if inferred else ""), style="green"))
+        predicted = fixes[0].get("predicted")
+        if predicted:
+            console.print(Text(f"{pad}     {predicted_line(predicted)}", style="green"))
     # an incident read from Prometheus carries the command that evaluates its window again
     report = inc.get("report") or f"vllm-sentinel report {inc.get('id', '')[:12]}"
     console.print(Text(f"{pad}id {inc.get('id', '')}  ({report})", style="dim"))

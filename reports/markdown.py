@@ -343,11 +343,38 @@ def with_current_values(fixes: list[dict], cfg: ConfigSnapshot | None) -> list[d
             else f for f in fixes]
 
 
+def prediction_text(p: dict) -> str:
+    """'predicted: TTFT p95 0.6 s, TPOT p95 0.0096 s, goodput 0.95 req/s (100% of requests within the objectives),
+    1.9e+02 tokens/s, 0 preemptions/s', and the trade where the fix buys one signal with another."""
+    def n(key: str) -> str:
+        return "-" if p.get(key) is None else f"{p[key]:.3g}"
+    share = "" if p.get("slo_attainment") is None else f" ({p['slo_attainment']:.0%} of requests within the objectives)"
+    text = (f"predicted: TTFT p95 {n('ttft_p95_s')} s, TPOT p95 {n('tpot_p95_s')} s, goodput {n('goodput_rps')} "
+            f"req/s{share}, {n('throughput_tps')} tokens/s, {n('preemptions_per_s')} preemptions/s")
+    return text + (f"; a trade: {p['trade']}" if p.get("trade") else "")
+
+
+def calibration_text(model: dict) -> str:
+    """'its replay of the incident's stretch: TTFT p95 off by 0%, preemptions/s 24%, ...'."""
+    names = {"ttft_p95_s": "TTFT p95", "itl_p95_s": "inter-token p95", "preemptions_per_s": "preemptions/s",
+             "generation_tokens_per_s": "tokens/s"}
+    errors = ", ".join(f"{names.get(k, k)} {v:.0%}" for k, v in (model.get("calibration_error") or {}).items()
+                       if v is not None)
+    return f"its replay of the incident's stretch was off by {errors}"
+
+
 def _fixes(data: ReportData) -> list[str]:
     out = ["## Suggested fix", ""]
     fixes = with_current_values(data.fixes, data.config)
     if not fixes:
         return out + ["The rule suggests no parameter change for this incident.", ""]
+    model = data.incident.get("model") or {}
+    if model.get("withheld"):
+        out += [f"Predictions withheld: {_cell(model['withheld'])}", ""]
+    elif model.get("calibration_error"):
+        base = model.get("as_configured") or {}
+        out += [f"Ranked by the goodput the what-if model predicts ({_cell(calibration_text(model))}); as "
+                f"configured it {_cell(prediction_text(base))}.", ""]
     for i, fix in enumerate(fixes, 1):
         current = fix.get("current")
         head = (f"{i}. **{_code(fix['param'])} {_cell(current) if current is not None else '(not set)'} → "
@@ -355,6 +382,8 @@ def _fixes(data: ReportData) -> list[str]:
         out.append(head)
         if fix.get("why"):
             out += ["", f"   {_cell(' '.join(str(fix['why']).split()))}"]
+        if fix.get("predicted"):
+            out += ["", f"   {_cell(prediction_text(fix['predicted']))}"]
         arithmetic = fix.get("arithmetic")
         if arithmetic:
             lines = arithmetic if isinstance(arithmetic, list) else str(arithmetic).splitlines()

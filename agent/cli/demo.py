@@ -9,7 +9,7 @@ import typer
 
 from vllm_sentinel.agent.cli.common import Exit, err, fail, out
 from vllm_sentinel.agent.demo.live import DemoError, run_demo, run_replay_demo
-from vllm_sentinel.reports.compare_view import render_compare
+from vllm_sentinel.reports.compare_view import render_compare, render_prediction
 from vllm_sentinel.reports.console import render_diagnosis
 
 app = typer.Typer(add_completion=False)
@@ -36,6 +36,8 @@ def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server
     if "compare" in doc:
         out.print("\n[bold]Verifying the fix[/] (vllm-sentinel compare --change auto):")
         render_compare(out, doc["compare"])
+        if doc.get("applied_fix"):
+            render_prediction(out, doc["applied_fix"], doc["compare"])
     elif replay:
         out.print("\nThe recorded session has no run after a fix: `vllm-sentinel demo` (live) verifies it with compare.",
                   highlight=False)

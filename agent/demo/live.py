@@ -81,7 +81,7 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
             runs = scenarios.run_sequence(server, LIVE_SEQUENCE, say=say, seconds=holds)
             for run in runs:
                 _said_done(run, say)
-            verified = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, say)
+            verified, applied = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, say)
             time.sleep(scenarios.SETTLE_S)
         finally:
             sidecar.stop()
@@ -95,6 +95,7 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
         if verified is not None:
             say("comparing before and after the fix (compare --change auto)")
             doc["compare"] = compare_around_change(store, runs[-1].start_ms, verified.end_ms, pack)
+            doc["applied_fix"] = applied  # with the model's prediction, shown beside what compare measured
     doc["database"] = str(db)
     return doc
 
@@ -105,15 +106,17 @@ def _said_done(run: scenarios.ScenarioRun, say: Say) -> None:
     say(f"{run.name} scenario done in {run.seconds:.0f} s{load}")
 
 
-def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scenarios.ScenarioRun,
-                         seconds: int | None, say: Say) -> scenarios.ScenarioRun | None:
-    """Restart the server with the fix the diagnosis of `run` computed and run the same scenario again."""
+def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scenarios.ScenarioRun, seconds: int | None,
+                         say: Say) -> tuple[scenarios.ScenarioRun | None, dict | None]:
+    """Restart the server with the first-ranked fix the diagnosis of `run` computed and run the same scenario
+    again; the run after the fix and the fix applied (None, None when there was none to apply)."""
     found = diagnose(sidecar.store.reader(), run.start_ms, run.end_ms, evaluate_window=pack_window_evaluator(pack))
     fix = fix_to_apply(found["incidents"], run.name)
     if fix is None:
         say(f"no computed {run.name} fix to verify ({len(found['incidents'])} incident(s) in its window)")
-        return None
-    say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']} "
+        return None, None
+    ranked = f" (ranked {fix['rank']} by the model's predicted goodput)" if fix.get("rank") else ""
+    say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']}{ranked} "
         "(the sidecar keeps recording)")
     try:
         restart_with_fix(server, fix)
@@ -121,7 +124,7 @@ def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scen
         raise DemoError(str(e)) from e
     again = scenarios.SCENARIOS[run.name](server, float(seconds) if seconds else None, say=say)
     _said_done(again, say)
-    return again
+    return again, fix
 
 
 def run_replay_demo(workdir: Path | None = None, say: Say = lambda _m: None) -> dict:

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from vllm_sentinel.agent.alerts.explains import CausalLinks
 from vllm_sentinel.agent.diagnosis.captures import profile_of
 from vllm_sentinel.agent.diagnosis.episodes import link_episodes
+from vllm_sentinel.agent.diagnosis.fix_ranking import pack_objectives, rank_fixes
 from vllm_sentinel.agent.diagnosis.incidents import duration_s, stored_incidents
 from vllm_sentinel.agent.diagnosis.summary import health_summary
+from vllm_sentinel.agent.diagnosis.whatif import store_configs
 from vllm_sentinel.agent.promql.engine import Engine
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.store.sample_reads import instances_with_samples
@@ -52,6 +54,8 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         profile = profile_of(store, inc["id"])
         if profile:
             inc["profile"] = profile
+    rank_fixes(Engine(store), store_configs(store, start_ms, end_ms), incidents, end_ms,
+               pack_objectives(getattr(evaluate_window, "pack", None)))
     doc = {
         "window": {"start": iso_seconds(start_ms), "end": iso_seconds(end_ms)},
         "source": source or f"duckdb:{store.path}",

@@ -30,12 +30,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_sentinel.agent.diagnosis import fixes_fleet, fixes_memory, fixes_prefix, fixes_scheduling
+from vllm_sentinel.agent.diagnosis import fixes_fleet, fixes_kv_memory, fixes_memory, fixes_prefix, fixes_scheduling
 from vllm_sentinel.agent.diagnosis.fix_registry import FIXES, Fix, as_live_config
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 
 # the modules whose @register_fix decorators fill FIXES when they are imported
-FIX_MODULES = (fixes_fleet, fixes_memory, fixes_prefix, fixes_scheduling)
+FIX_MODULES = (fixes_fleet, fixes_kv_memory, fixes_memory, fixes_prefix, fixes_scheduling)
 __all__ = ["FIXES", "FIX_MODULES", "Fix", "compute"]
 
 

@@ -18,6 +18,7 @@ from vllm_sentinel.agent.alerts.explains import causal_links
 from vllm_sentinel.agent.alerts.rulemodel import RuleFile, RuleGroup
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
 from vllm_sentinel.agent.diagnosis.episodes import link_episodes
+from vllm_sentinel.agent.diagnosis.fix_ranking import pack_objectives, rank_fixes
 from vllm_sentinel.agent.diagnosis.incidents import evaluate_rules
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
@@ -141,6 +142,8 @@ def diagnose_remote(engine: RemoteEngine, start_ms: int, end_ms: int, instance: 
     """
     window, configs, incidents = remote_incidents(engine, start_ms, end_ms, instance, pack)
     incidents = link_episodes(incidents, causal_links(pack))
+    rank_fixes(engine, lambda inst: (configs[inst].values, configs[inst].sources) if inst in configs else None,
+               incidents, end_ms, pack_objectives(pack))
     counts = _series_counts(engine, window)
     health = summaries(engine, window.instances, start_ms, end_ms, counts, {})
     return {

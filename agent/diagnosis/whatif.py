@@ -7,7 +7,7 @@ misses what the server measured by more than the calibration bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -96,8 +96,14 @@ def predicted(result: SimResult, workload: Workload, replicas: int, query: WhatI
     return out
 
 
-def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: str = "") -> dict:
-    """The whatif document: workload, configuration, calibration, and each scenario's prediction.
+# a named change the model answers beside the one asked: (name, --set pairs, replicas)
+Candidate = tuple[str, tuple[tuple[str, str], ...], int]
+
+
+def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: str = "",
+           candidates: Sequence[Candidate] = ()) -> dict:
+    """The whatif document: workload, configuration, calibration, and each scenario's prediction (as configured,
+    the query's change when it asks one, then each candidate).
 
     Raises NotEnoughTraffic, Unrepresentable or BadKnob with a message that names the fix."""
     workload = read_workload(engine, query.instance, query.start_ms, query.end_ms, query.bin_ms)
@@ -114,6 +120,10 @@ def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: st
         words += [f"replicas 1 -> {query.replicas}"] * (query.replicas != 1)
         words += [f"arrival rate x{query.rate_factor:g}"] * (query.rate_factor != 1.0)
         scenarios.append(Scenario("asked", words, query.replicas, query.rate_factor, config=_config(changed)))
+    for name, sets, replicas in candidates:
+        changed, words = apply_sets(current, sets, values)
+        words += [f"replicas 1 -> {replicas}"] * (replicas != 1)
+        scenarios.append(Scenario(name, words, replicas, 1.0, config=_config(changed)))
     if calibration.withheld is None:
         for sc in scenarios:
             cfg = EngineConfig(**sc.config)

@@ -93,3 +93,22 @@ def test_a_document_without_an_slo_block_still_renders(doc: dict) -> None:
     render_compare(Console(file=buf, width=80, color_system=None), older)
     assert "SLO:" not in buf.getvalue() and "verdict: regressed" in buf.getvalue()
     assert "## SLO" not in compare_markdown(older, None)
+
+
+def test_an_applied_fixs_prediction_sits_beside_what_compare_measured() -> None:
+    from rich.console import Console
+
+    from vllm_sentinel.reports.compare_view import prediction_rows, render_prediction
+
+    fix = {"param": "--num-gpu-blocks-override", "current": "8", "suggested": "17",
+           "predicted": {"ttft_p95_s": 0.6, "preemptions_per_s": 0.0, "goodput_rps": 0.95, "trade": None}}
+    doc = {"signals": [{"name": "ttft_p95_seconds", "after": 0.71}, {"name": "preemptions_per_s", "after": 0.0},
+                       {"name": "goodput_rps", "after": 1.1}]}
+    assert prediction_rows(fix, doc) == [("TTFT p95 s", 0.6, 0.71), ("preemptions/s", 0.0, 0.0),
+                                         ("goodput req/s", 0.95, 1.1)]
+    console = Console(record=True, width=100)
+    render_prediction(console, fix, doc)
+    text = console.export_text()
+    assert "--num-gpu-blocks-override 8 -> 17" in text and "0.71" in text and "0.95" in text
+    render_prediction(console, {"param": "x"}, doc)  # no prediction: nothing printed
+    assert console.export_text() == ""
