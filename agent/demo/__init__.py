@@ -1,1 +1,7 @@
-"""The embedded default: a tiny model, a real vLLM CPU server, traffic, scenarios, recordings and replay."""
+"""The embedded default: a tiny model, a real vLLM CPU server, traffic, scenarios, recordings and replay.
+
+Holds: the embedded default: tiny model, real vLLM CPU server, traffic, scenarios, recording and
+replay of sessions, a real Prometheus for tests and benches
+
+Imports: daemon and below (the layers contract in pyproject.toml; scripts/lint_layers.sh).
+"""

@@ -55,3 +55,24 @@ def test_scenarios_trades_and_objectives() -> None:
     assert trade(before, {**before, "preemptions_per_s": 0, "ttft_p95_s": 0.6}) is None  # better all round
     assert trade(before, {**before, "ttft_p95_s": 4.9}) is None  # under 10 %: no change
     assert pack_objectives(load_pack()) == Objectives(2.0, 0.1) == pack_objectives(None)
+
+
+def test_a_stored_incidents_report_ranks_its_fixes_and_shows_the_trade(tmp_path) -> None:
+    """A report of a stored incident (no diagnose before it) predicts and ranks its fixes itself."""
+    from vllm_sentinel.reports.assemble import assemble_incident
+    from vllm_sentinel.reports.markdown import render_markdown
+
+    path = tmp_path / "session.duckdb"
+    with Store.open(path) as store:
+        first, last = replay_into(store, default_recording())
+    with Store.open(path, read_only=True) as store:
+        doc = diagnose(store, first - 1, last, evaluate_window=pack_window_evaluator(load_pack()))
+        kv = next(i for i in doc["incidents"] if i["incident"] == "kv_cache_pressure")
+        bare = {**kv, "fixes": [{k: v for k, v in f.items() if k not in ("predicted", "rank")} for f in kv["fixes"]]}
+        bare.pop("model")
+        bare["fixes"].reverse()  # the rule's order no longer matters: the report ranks them again
+        data = assemble_incident(store, bare, now_ms=last, rules=load_pack())
+    assert [f["param"] for f in data.fixes] == [f["param"] for f in kv["fixes"]]
+    text = render_markdown(data)
+    assert "Ranked by the goodput the what-if model predicts" in text
+    assert "a trade: preemptions/s" in text and "&gt;" not in text.split("## Suggested fix")[1].split("##")[0]
