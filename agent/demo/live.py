@@ -115,7 +115,10 @@ def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scen
     if fix is None:
         say(f"no computed {run.name} fix to verify ({len(found['incidents'])} incident(s) in its window)")
         return None, None
-    ranked = f" (ranked {fix['rank']} by the model's predicted goodput)" if fix.get("rank") else ""
+    ranked = ""
+    if fix.get("rank"):
+        above = "" if fix["rank"] == 1 else "; those above it are not a flag of this one server (replicas)"
+        ranked = f" (ranked {fix['rank']} by the model's predicted goodput{above})"
     say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']}{ranked} "
         "(the sidecar keeps recording)")
     try:
