@@ -91,6 +91,8 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
     end_ms = int(time.time() * 1000)
     with Store.open(db, read_only=True) as store:
         doc = diagnose(store, start_ms, end_ms, evaluate_window=pack_window_evaluator(pack))
+        for s in doc.get("summary", []):
+            s["last_error"] = None  # the demo stopped its own server: its last failed scrape is no finding
         doc["reports"] = [str(p) for p in write_reports(store, doc, workdir / "reports", pack, say)]
         if verified is not None:
             say("comparing before and after the fix (compare --change auto)")

@@ -2,8 +2,8 @@
 
 Fewer sequences (--max-num-seqs) stop preemption by serving fewer requests at once; more KV blocks stop
 it without shrinking the batch. The blocks the running requests need: the requests that ran or waited
-(up to --max-num-seqs) x (mean prompt + mean output + half a block for the partly filled last one) /
-the block size, over a 0.9 headroom, plus vLLM's null block. Where those blocks come from:
+(up to --max-num-seqs) x the whole blocks a request of the mean length holds (half a block more where
+that is more), over a 0.9 headroom, plus vLLM's null block. Where those blocks come from:
 - a `--num-gpu-blocks-override` below what the reserved KV memory holds: raise the override;
 - on CPU, VLLM_CPU_KVCACHE_SPACE (GiB) large enough for them;
 - on GPU, `--gpu-memory-utilization` up to what the measured GPU memory headroom allows;
@@ -39,10 +39,13 @@ def blocks_needed(cfg: LiveConfig, evidence: Mapping[str, float | None]) -> tupl
     if wanted <= 0 and seqs is None:
         return None, ""
     concurrent = int(min(wanted, seqs) if seqs and wanted > 0 else (wanted or seqs))
-    blocks = math.ceil(concurrent * (per + bs / 2) / bs / KV_HEADROOM) + 1
+    # a request holds whole blocks: at least ceil(length / block) of them (exact for fixed lengths), and half
+    # a block more than its mean where lengths spread
+    per_request = max(math.ceil(per / bs), (per + bs / 2) / bs)
+    blocks = math.ceil(concurrent * per_request / KV_HEADROOM) + 1
     capped = f", capped by --max-num-seqs {seqs}" if seqs and wanted > seqs else ""
     return blocks, (f"{concurrent} requests (at most {readable(round(running))} running + {readable(round(waiting))} "
-                    f"waiting{capped}) x ({per_how} + {bs // 2} for the last block) / {bs} tokens a block / "
+                    f"waiting{capped}) x {per_request:.3g} blocks of {bs} tokens each ({per_how}) / "
                     f"{KV_HEADROOM} headroom + 1 null block = {readable(blocks)} blocks")
 
 

@@ -30,7 +30,7 @@ def test_the_table_puts_the_roots_first_with_fixes_and_marks_the_symptoms(doc: d
           for name in ("kv_cache_pressure", "queue_blocking", "ttft_slo_breach")}
     assert at["kv_cache_pressure"] < at["queue_blocking"] and at["kv_cache_pressure"] < at["ttft_slo_breach"]
     # the memory lever ranks first (more blocks for the same batch), not one sequence at a time
-    assert lines[at["kv_cache_pressure"] + 2].strip() == "fix: --num-gpu-blocks-override 8 -> 17"
+    assert lines[at["kv_cache_pressure"] + 2].strip() == "fix: --num-gpu-blocks-override 8 -> 19"
     assert lines[at["kv_cache_pressure"] + 3].strip().startswith("predicted: goodput")
     block = lines[at["queue_blocking"]:at["queue_blocking"] + 4]
     assert any(f"kv_cache_pressure {kv['id'][:12]}" in line and "explained by" in line for line in block)
@@ -46,5 +46,5 @@ def test_the_markdown_lists_each_episode_roots_first(doc: dict) -> None:
     root = md.index(f"- **root** `kv_cache_pressure` (`{kv['id']}`")
     symptom = md.index("- `queue_blocking`")
     assert root < symptom
-    assert "  - fix: `--num-gpu-blocks-override 8 -> 17`" in md[root:symptom]
+    assert "  - fix: `--num-gpu-blocks-override 8 -> 19`" in md[root:symptom]
     assert f"`kv_cache_pressure` (`{kv['id']}`)" in md[symptom:].split("\n")[1]

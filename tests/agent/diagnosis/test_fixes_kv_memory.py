@@ -19,12 +19,12 @@ H100 = {"platform": "gpu", "max_num_seqs": 128, "num_gpu_blocks": 2000, "block_s
 
 def test_the_override_is_raised_to_the_blocks_the_running_requests_need():
     fix = compute("kv_cache_pressure.num_gpu_blocks_override", as_live_config(CPU), EVIDENCE)
-    # 4 requests (max-num-seqs) x (404 + 64) / 128 / 0.9 = 16.25 -> 17, + 1 null block
-    assert (fix.param, fix.current, fix.suggested) == ("--num-gpu-blocks-override", "8", "18")
+    # 4 requests (max-num-seqs) x 4 whole blocks (404 tokens) / 0.9 = 17.8 -> 18, + 1 null block
+    assert (fix.param, fix.current, fix.suggested) == ("--num-gpu-blocks-override", "8", "19")
     assert "1 GiB of KV memory is reserved (4,096 blocks" in fix.why and "capped by --max-num-seqs 4" in fix.why
     # more waiting than --max-num-seqs admits is capped by it; a roomier cap takes them all
     wide = as_live_config({**CPU, "max_num_seqs": 128})
-    assert compute("kv_cache_pressure.num_gpu_blocks_override", wide, EVIDENCE).suggested == "50"
+    assert compute("kv_cache_pressure.num_gpu_blocks_override", wide, EVIDENCE).suggested == "55"  # 12 x 4 / 0.9
     # no override (vLLM sized the cache), or enough blocks already: not this lever
     assert compute("kv_cache_pressure.num_gpu_blocks_override",
                    as_live_config({**CPU, "num_gpu_blocks_override": None}), EVIDENCE) is None
@@ -36,17 +36,17 @@ def test_on_cpu_without_an_override_the_kv_space_grows():
     small = as_live_config({**CPU, "num_gpu_blocks_override": None, "max_num_seqs": 128, "num_gpu_blocks": 8,
                             "kv_cache_memory_bytes": 8 * 128 * 2048})
     fix = compute("kv_cache_pressure.cpu_kv_space", small, EVIDENCE)
-    assert (fix.param, fix.suggested) == ("VLLM_CPU_KVCACHE_SPACE", "1")  # 50 blocks x 256 KiB = 12.5 MiB -> 1 GiB
+    assert (fix.param, fix.suggested) == ("VLLM_CPU_KVCACHE_SPACE", "1")  # 55 blocks x 256 KiB = 13.75 MiB -> 1 GiB
     assert compute("kv_cache_pressure.cpu_kv_space", as_live_config({**H100}), EVIDENCE) is None
 
 
 def test_on_gpu_utilisation_rises_within_the_measured_headroom_and_fp8_doubles_the_cache():
     busy = {**EVIDENCE, "running": 128, "waiting": 40, "mean_prompt_tokens": 300, "mean_generation_tokens": 200}
     need, _how = blocks_needed(as_live_config(H100), busy)
-    assert need == 4517  # 128 x (500 + 8) / 16 / 0.9 = 4515.6 -> 4516, + 1 null block
+    assert need == 4553  # 128 x 32 whole blocks (500 tokens) / 0.9 = 4551.1 -> 4552, + 1 null block
     fix = compute("kv_cache_pressure.gpu_memory_utilization", as_live_config(H100),
                   {**busy, "gpu_memory_total_bytes": 80 * 1024**3, "gpu_memory_used_ratio": 0.90})
-    # 2,517 more blocks x 2 MiB = 6.1 % of 80 GiB; the headroom to 95 % is 5 %: 0.9 + 0.05 = 0.95
+    # 2,553 more blocks x 2 MiB = 6.2 % of 80 GiB; the headroom to 95 % is 5 %: 0.9 + 0.05 = 0.95
     assert (fix.param, fix.current, fix.suggested) == ("--gpu-memory-utilization", "0.9", "0.95")
     assert "headroom allows only part of it" in fix.why
     assert compute("kv_cache_pressure.gpu_memory_utilization", as_live_config(H100),
