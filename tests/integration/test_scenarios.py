@@ -25,7 +25,7 @@ import pytest
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
-from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig
+from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig, load_snapshot_at
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
@@ -536,7 +536,10 @@ def test_prometheus_names_the_same_incidents(rig: Rig, record_property: Callable
                     flickers.append(f"{run.name}:{inc['incident']} ({inc['severity']}, {inc['start']}, not from {side}): "
                                     + ", ".join(f"{e['signal']}={e['value']}" for e in inc["evidence"]))
                     continue
-                why = _fixes_agree(inc, other, prom["config"].get(inc["instance"]) or {})
+                inferred = prom["config"].get(inc["instance"]) or {}
+                prom_cfg = LiveConfig(inc["instance"], inferred.get("values", {}), inferred.get("sources", {}))
+                db_cfg = _sidecar_config(rig, inc["instance"], end_ms) or prom_cfg
+                why = _fixes_agree(inc, other, (db_cfg, prom_cfg) if side == "prometheus" else (prom_cfg, db_cfg))
                 if why:
                     evidence_timing.append(f"{run.name}:{inc['incident']}: {why}")
                 diff_ms = abs(_ms(inc["start"]) - _ms(other["start"]))
@@ -566,21 +569,29 @@ def _replayed(rig: Rig, window: dict) -> list[dict]:
 
 
 def _fix_values(fixes: list[dict]) -> list[tuple]:
-    return [(f["param"], f["current"], f["suggested"]) for f in fixes]
+    # in any order: diagnose ranks a side's fixes by the what-if model, the raw replay keeps the rule's order
+    return sorted((f["param"], f["current"], f["suggested"]) for f in fixes)
 
 
-def _fixes_agree(a: dict, b: dict, inferred: dict) -> str:
-    """'' when both incidents carry the same fix values. Otherwise each side's evidence, put through the
-    configuration Prometheus inferred, must give that side's fixes: the fix arithmetic and the configuration
-    agree, and the evidence (read at each source's own peak of the alert value) is what differs; says which."""
+def _sidecar_config(rig: Rig, instance: str, at_ms: int) -> LiveConfig | None:
+    """The configuration snapshot the sidecar recorded for `instance` in force at `at_ms` (the replay's)."""
+    with Store.open(rig.db, read_only=True) as store:
+        return load_snapshot_at(store, instance, at_ms)
+
+
+def _fixes_agree(a: dict, b: dict, configs: tuple[LiveConfig, LiveConfig]) -> str:
+    """'' when both incidents carry the same fix values. Otherwise each side's evidence, put through its own
+    source's configuration (the sidecar's snapshot, or what Prometheus inferred: the sidecar also knows the
+    model's KV bytes per token, so it can size more KV blocks), must give that side's fixes: the fix
+    arithmetic and the configuration agree, and what differs is the evidence (read at each source's own
+    peak of the alert value) or what each source knows; says which."""
     if _fix_values(a["fixes"]) == _fix_values(b["fixes"]):
         return ""
     rule = next(r for f in load_pack() for r in f.rules if r.name == a["rule"])
-    cfg = LiveConfig(a["instance"], inferred.get("values", {}), inferred.get("sources", {}))
-    for inc in (a, b):
+    for inc, cfg in zip((a, b), configs):
         values = {e["signal"]: e["value"] for e in inc["evidence"]}
         labels = {**inc["labels"], "instance": inc["instance"]}
-        assert _fix_values(compute_fixes(rule, cfg, values, labels)) == _fix_values(inc["fixes"]), (a, b, inferred)
+        assert _fix_values(compute_fixes(rule, cfg, values, labels)) == _fix_values(inc["fixes"]), (a, b, cfg)
     differ = {e["signal"]: (e["value"], f["value"]) for e, f in zip(a["evidence"], b["evidence"]) if e["value"] != f["value"]}
     return f"{_fix_values(a['fixes'])} vs {_fix_values(b['fixes'])}, evidence {differ}"
 

@@ -231,7 +231,10 @@ def test_the_healthy_target_loses_no_tick(run):
     assert len(stored) == len(ups)  # a tick for every scrape
     # every scrape the daemon counted as ok reached the store: none dropped, none lost in a commit
     m = run["metrics"]
-    assert metric_value(m, "vllm_sentinel_scrapes_total", target=f"vllm {t.instance}", result="ok") == len(ups)
+    # /metrics was read while the daemon ran, before its SIGTERM: a tick or two may land between the two
+    # (CI: 10 counted, 11 stored), never one counted but missing
+    ok = metric_value(m, "vllm_sentinel_scrapes_total", target=f"vllm {t.instance}", result="ok")
+    assert ok <= len(ups) <= ok + 2, (ok, len(ups))
     assert metric_value(m, "vllm_sentinel_dropped_batches_total") == 0
     assert metric_value(m, "vllm_sentinel_store_errors_total") == 0
     prompts = series_values(run["db"], t.instance, "vllm:prompt_tokens_total")
