@@ -171,11 +171,6 @@ def relative_error(modelled: float | None, measured: float | None, floor: float)
     return abs(modelled - measured) / max(abs(measured), floor)
 
 
-def with_changes(config: EngineConfig, **changes: Any) -> EngineConfig:
-    """The configuration with some fields changed."""
-    return replace(config, **changes)
-
-
 def _bucketed(values: np.ndarray, counts: np.ndarray, bounds: list[float], q: float) -> float | None:
     """The q-quantile of weighted values as histogram_quantile reads them from buckets with these bounds."""
     if not bounds or len(values) == 0:
