@@ -65,6 +65,8 @@ DEFAULT_HOLD_S = {
 }
 # after the condition ends, the sidecar needs a scrape or two (1 s interval) before the window closes
 SETTLE_S = 3.0
+# how long engine_stall watches for a resumed engine's first counted token (its drain may be shorter)
+RESUME_PROGRESS_WAIT_S = 60.0
 # engine_stall's load runs until it is stopped after the resume; this bounds it should that never come
 STALL_LOAD_BOUND_S = 900.0
 
@@ -244,11 +246,17 @@ def kv_cache_pressure(server: VllmServer, seconds: float | None = None, say: Say
                           kv_pressure_plan(seconds or DEFAULT_HOLD_S["kv_cache_pressure"]), say)
 
 
-def engine_gauges(server: VllmServer, timeout_s: float = 5.0) -> dict[str, float]:
-    """vLLM's scheduler gauges as the API server reports them now, summed over engines (0 when absent)."""
+SCHEDULER_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+TOKEN_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def engine_gauges(server: VllmServer, timeout_s: float = 5.0,
+                  names: tuple[str, ...] = SCHEDULER_GAUGES) -> dict[str, float]:
+    """vLLM's series `names` (the scheduler gauges by default) as the API server reports them now, summed
+    over engines (0 when absent)."""
     with urllib.request.urlopen(server.metrics_url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL
         parsed = parse(resp.read().decode("utf-8", errors="replace"), strict=False)
-    out = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting"), 0.0)
+    out = dict.fromkeys(names, 0.0)
     for name, value in zip(parsed.names, parsed.values):
         if name in out and value is not None:
             out[name] += value
@@ -318,11 +326,14 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
             run.detail["frozen_with"] = gauges
             run.detail["state_while_stopped"] = read_state(pid)
             time.sleep(stall_s)
+            before = tokens_counted(server)
         finally:
             os.kill(pid, signal.SIGCONT)
-        run.mark("resumed")
+        resumed_ms = run.mark("resumed")
         say("engine_stall: EngineCore resumed; draining requests in flight")
-        time.sleep(drain_s)
+        if before is not None:
+            run.detail["progress_after_resume_s"] = first_progress_s(server, before, resumed_ms, RESUME_PROGRESS_WAIT_S)
+        time.sleep(max(0.0, drain_s - (now_ms() - resumed_ms) / 1000))
     finally:
         load.stop()
         run.traffic = load.wait(stall_s + 300)
@@ -330,6 +341,26 @@ def engine_stall(server: VllmServer, seconds: float | None = None, say: Say = _q
     time.sleep(SETTLE_S)
     run.end_ms = now_ms()
     return run
+
+
+def tokens_counted(server: VllmServer) -> float | None:
+    """Prompt plus generated tokens the server has counted so far; None when its /metrics did not answer
+    (a starved API server may miss one read)."""
+    try:
+        return sum(engine_gauges(server, names=TOKEN_COUNTERS).values())
+    except OSError:
+        return None
+
+
+def first_progress_s(server: VllmServer, tokens_before: float, since_ms: int, within_s: float) -> float | None:
+    """Seconds from `since_ms` until the server's token counters first exceed `tokens_before` (None if not
+    within `within_s`): when a resumed engine's progress became visible to any scraper."""
+    while (now_ms() - since_ms) / 1000 < within_s:
+        now = tokens_counted(server)
+        if now is not None and now > tokens_before:
+            return round((now_ms() - since_ms) / 1000, 1)
+        time.sleep(0.5)
+    return None
 
 
 def traffic_summary(t: TrafficResult) -> str:

@@ -136,14 +136,13 @@ def test_max_num_seqs_2_makes_requests_queue(
     record_property("wave_seconds", round(wave_s, 3))
     record_property("queue_time_sum_seconds", round(queued_s, 2))
     assert queued_s >= 10 * wave_s > 0, (queued_s, wave_s)
-    # The gauges agree whenever a poll landed mid-run: never more than 2 running, and once 3 or more
-    # requests are unfinished (all 12 are in after the first wave), one of them must be waiting. On 2
-    # busy vCPUs the poller often gets no poll in mid-run (parsing took 1.7 s instead of 10 ms).
+    # The running gauge never passes the 2 slots, at any poll. Whether a poll sees a request waiting is a
+    # sampled moment, not asserted: a request the client sent may not have reached the scheduler yet
+    # (a fresh-clone run saw 0 waiting in every mid-run poll while the queue histogram counted 10 queued).
     assert watched.peak("vllm:num_requests_running") <= 2
     mid_run = [p for p in watched.polls_with_unfinished(12, at_least=3) if p["done"] >= 2]
     record_property("polls_mid_run", len(mid_run))
-    if mid_run:
-        assert max(p.get("vllm:num_requests_waiting", 0.0) for p in mid_run) >= 1, mid_run
+    record_property("waiting_seen_mid_run", max((p.get("vllm:num_requests_waiting", 0.0) for p in mid_run), default=None))
 
     pgid = server.pid
     assert pgid is not None

@@ -242,6 +242,10 @@ def test_queue_blocking(rig: Rig, record_property: Callable[[str, object], None]
 # an engine stall is labelled this soon after the freeze: its 10 s window, the 5 s evaluation step, a
 # starved scrape or two, and the scheduler's lag on a busy 2-core host
 STALL_DETECTION_S = 30.0
+# and resolved this soon after the resumed engine's first token reached /metrics: the daemon's 1 s scrape,
+# the 5 s evaluation step, a starved scrape or two (that first token came 11 s after the SIGCONT once on CI,
+# the engine working through its backlog on 2 cores before its stats reached the API server)
+STALL_RESOLUTION_S = 12.0
 
 
 def assert_stall_labelled(run: ScenarioRun, doc: dict, record_property: Callable[[str, object], None]) -> dict:
@@ -261,7 +265,12 @@ def assert_stall_labelled(run: ScenarioRun, doc: dict, record_property: Callable
     assert delay_s <= STALL_DETECTION_S, (delay_s, inc)
     # it stays in the history after the engine resumes: resolved, with its end and duration
     assert inc["state"] == "resolved" and inc["end"] is not None, inc
-    assert resumed - 1000 <= _ms(inc["end"]) <= resumed + 15_000, (inc["end"], resumed)
+    progress_s = run.detail.get("progress_after_resume_s")
+    record_property("progress_after_resume_s", progress_s)
+    record_property("resolution_delay_s", round((_ms(inc["end"]) - resumed) / 1000, 1))
+    assert progress_s is not None, run.detail  # the resumed engine counted tokens again
+    assert resumed - 1000 <= _ms(inc["end"]) <= resumed + (progress_s + STALL_RESOLUTION_S) * 1000, \
+        (inc["end"], resumed, progress_s)
     assert inc["duration_s"] == round((_ms(inc["end"]) - _ms(inc["start"])) / 1000, 1)
     # the daemon's py-spy capture on engine_stall landed on it, with the EngineCore seen stopped
     profile = inc.get("profile") or {}
