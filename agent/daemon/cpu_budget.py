@@ -89,6 +89,8 @@ class CpuBudget:
         self.saturated_at = saturated_at
         self.max_stretch = max_stretch
         self.stretch = 1  # the interval is base_interval_s * stretch
+        self.widest_stretch = 1  # since the start: the end-of-run summary says how far it went
+        self.peak_used = 0.0  # the most the window's use reached at an adjustment, a fraction of one core
         self.hold_s = window_s / 3  # between two changes of the stretch: let the window see the last one
         self.deferred: dict[str, int] = {w: 0 for w in WORKS}
         self.on_defer: Callable[[str], object] | None = None  # the own metrics' counter
@@ -128,6 +130,7 @@ class CpuBudget:
 
     def _adjust(self, t: float) -> None:
         before = self.stretch
+        self.peak_used = max(self.peak_used, self.used())
         over, saturated = self.used() > self.budget, self.host_busy() >= self.saturated_at
         if over and saturated:
             self.stretch = min(self.max_stretch, self.stretch * 2)
@@ -135,6 +138,7 @@ class CpuBudget:
             self.stretch //= 2  # back one step at a time: a host that recovers briefly does not flap
         if self.stretch != before:
             self._changed_at = t
+        self.widest_stretch = max(self.widest_stretch, self.stretch)
 
     def used(self) -> float:
         """The daemon's CPU over the window, as a fraction of one core (0 before two readings)."""
@@ -169,9 +173,28 @@ class CpuBudget:
             used, busy = self.used(), self.host_busy()
         doc = {"used": round(used, 4), "budget": self.budget, "host_busy": round(busy, 4),
                "interval_s": self.base_interval_s, "effective_interval_s": self.interval_s(),
-               "deferred": dict(self.deferred)}
+               "deferred": dict(self.deferred), "widest_interval_s": self.base_interval_s * self.widest_stretch,
+               "peak_used": round(self.peak_used, 4)}
         doc["summary"] = self.summary(doc)
         return doc
+
+    @staticmethod
+    def run_summary(doc: dict) -> str:
+        """The whole run in one line, from a status() document: how far the interval stretched, what was
+        deferred, and the --cpu-budget that would have avoided both; '' when neither happened."""
+        deferred = [f"{n} {w}{'s' if n > 1 else ''}" for w, n in doc["deferred"].items() if n]
+        widest = doc.get("widest_interval_s", doc["interval_s"])
+        if not deferred and widest == doc["interval_s"]:
+            return ""
+        parts = []
+        if widest != doc["interval_s"]:
+            parts.append(f"collection stretched from every {doc['interval_s']:g}s to every {widest:g}s at most")
+        if deferred:
+            parts.append(f"deferred {', '.join(deferred)}")
+        peak = max(doc.get("peak_used", 0.0), doc["used"])
+        return (f"cpu budget {doc['budget'] * 100:g}% of one core, the daemon used up to {peak * 100:.0f}% on a "
+                f"saturated host: {'; '.join(parts)}. --cpu-budget {max(math.ceil(peak * 125), 1)}% would have "
+                "avoided it")
 
     @staticmethod
     def summary(doc: dict) -> str:

@@ -108,6 +108,7 @@ class Sidecar:
                                 first_in_s=every)
         if self.config.cpu_budget is not None:
             self._interval_now = self.config.interval_s
+            self._budget_announced = False
             self._scheduler.add("cpu budget", self._keep_cpu_budget, 1.0, first_in_s=1.0)
         self._scheduler.start()
         if self.config.socket_path:
@@ -206,7 +207,12 @@ class Sidecar:
         for c in list(self.collectors):  # a targets file may add or remove some meanwhile
             # False for one removed since the list was taken
             self._scheduler.reschedule(c.name, max(interval, getattr(c, "interval_s", 0) or 0))
-        log.warning("cpu budget: collecting every %gs (%s)", interval, self.config.cpu_budget.status()["summary"])
+        # the first stretch is news; every later step (it moves by halves and doubles) only repeats it: status
+        # and the daemon's own metrics carry the current interval, and a run's end sums it up
+        first = not self._budget_announced and interval != self.config.cpu_budget.base_interval_s
+        self._budget_announced = self._budget_announced or first
+        (log.warning if first else log.info)("cpu budget: collecting every %gs (%s)", interval,
+                                             self.config.cpu_budget.status()["summary"])
 
     def _collect_one(self, collector: Collector) -> None:
         t0 = self._starting(collector)

@@ -14,6 +14,7 @@ from typing import Any
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.demo.progress import Progress
 from vllm_sentinel.agent.demo.replay import run_replay
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
 from vllm_sentinel.agent.demo.verify import compare_around_change, fix_to_apply, restart_with_fix
@@ -28,6 +29,20 @@ Say = Callable[[str], None]
 # two incidents in sequence on one server: requests queue behind 4 sequence slots, then
 # 400-token requests overflow 8 KV blocks and the scheduler preempts for real
 LIVE_SEQUENCE = ["queue_blocking", "kv_cache_pressure"]
+# seconds per stage beyond a scenario's hold (its ramp, drain and settling) and for the stages with no
+# hold, as a live demo on a 2-core VM took them; they only feed the "time left" of the progress lines
+SCENARIO_EXTRA_S = 12.0
+STAGE_S = {"model": 8.0, "server": 60.0, "rank": 25.0, "restart": 60.0, "reports": 40.0}
+
+
+def demo_plan(seconds: int | None = None) -> list[tuple[str, float]]:
+    """The live demo's stages with the seconds each is expected to take (`seconds` holds each incident)."""
+    def hold(name: str) -> float:
+        return (float(seconds) if seconds else scenarios.DEFAULT_HOLD_S[name]) + SCENARIO_EXTRA_S
+    return [("model", STAGE_S["model"]), ("server", STAGE_S["server"]),
+            *[(name, hold(name)) for name in LIVE_SEQUENCE],
+            ("rank", STAGE_S["rank"]), ("restart", STAGE_S["restart"]), ("verify", hold(LIVE_SEQUENCE[-1])),
+            ("reports", STAGE_S["reports"])]
 
 
 class DemoError(Exception):
@@ -51,10 +66,13 @@ def write_reports(store: Store, doc: dict, out_dir: Path, rules: list, say: Say)
     return paths
 
 
-def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say = lambda _m: None) -> dict:
+def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say = lambda _m: None,
+             cpu_budget: float | None = None) -> dict:
     """Start server, sidecar and the incident sequence; return the diagnose document (+ 'reports')."""
     workdir = Path(workdir or default_workdir())
     workdir.mkdir(parents=True, exist_ok=True)
+    progress = Progress(say, demo_plan(seconds))
+    say = progress
     say("building the tiny random-weight Llama (cached after the first run)")
     try:
         model_dir = build_tiny_model()  # transformers, tokenizers and torch load here: the server extra
@@ -63,6 +81,7 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
                         "or run `make demo`; `vllm-sentinel demo --replay` needs none of it") from e
     db = workdir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"
     server = VllmServer(scenarios.scenario_server_config(model_dir), log_path=workdir / "vllm-server.log")
+    progress.begin("server")
     say(f"starting a real vLLM CPU server: 4 sequences, 8 KV blocks of 128 tokens (45-90 s on 2 cores; "
         f"log {server.log_path})")
     try:
@@ -73,21 +92,26 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
     try:
         say(f"vLLM ready at {server.url} after {server.startup_seconds:.0f} s; the sidecar records into {db}")
         sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=db, interval_s=1.0, metrics_port=None,
-                                              reports_dir=workdir / "live-reports"))
+                                              reports_dir=workdir / "live-reports",
+                                              **({"cpu_budget": cpu_budget} if cpu_budget is not None else {})))
         start_ms = int(time.time() * 1000)
         sidecar.start()
         try:
-            holds = {name: float(seconds) for name in LIVE_SEQUENCE} if seconds else None
-            runs = scenarios.run_sequence(server, LIVE_SEQUENCE, say=say, seconds=holds)
-            for run in runs:
-                _said_done(run, say)
-            verified, applied = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, say)
+            runs = []
+            for name in LIVE_SEQUENCE:
+                progress.begin(name)
+                runs.append(scenarios.SCENARIOS[name](server, float(seconds) if seconds else None, say=say))
+                _said_done(runs[-1], say)
+            verified, applied = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, progress)
             time.sleep(scenarios.SETTLE_S)
         finally:
+            budget = sidecar.config.cpu_budget
+            cpu = budget.status() if budget is not None else None
             sidecar.stop()
             sidecar.store.close()
     finally:
         server.stop()
+    progress.begin("reports")
     end_ms = int(time.time() * 1000)
     with Store.open(db, read_only=True) as store:
         doc = diagnose(store, start_ms, end_ms, evaluate_window=pack_window_evaluator(pack))
@@ -99,6 +123,8 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
             doc["compare"] = compare_around_change(store, runs[-1].start_ms, verified.end_ms, pack)
             doc["applied_fix"] = applied  # with the model's prediction, shown beside what compare measured
     doc["database"] = str(db)
+    if cpu is not None:
+        doc["cpu_budget"] = cpu
     return doc
 
 
@@ -109,9 +135,10 @@ def _said_done(run: scenarios.ScenarioRun, say: Say) -> None:
 
 
 def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scenarios.ScenarioRun, seconds: int | None,
-                         say: Say) -> tuple[scenarios.ScenarioRun | None, dict | None]:
+                         say: Progress) -> tuple[scenarios.ScenarioRun | None, dict | None]:
     """Restart the server with the first-ranked fix the diagnosis of `run` computed and run the same scenario
     again; the run after the fix and the fix applied (None, None when there was none to apply)."""
+    say.begin("rank")
     found = diagnose(sidecar.store.reader(), run.start_ms, run.end_ms, evaluate_window=pack_window_evaluator(pack))
     fix = fix_to_apply(found["incidents"], run.name)
     if fix is None:
@@ -123,10 +150,12 @@ def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scen
         ranked = f" (ranked {fix['rank']} by the model's predicted goodput{above})"
     say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']}{ranked} "
         "(the sidecar keeps recording)")
+    say.begin("restart")
     try:
         restart_with_fix(server, fix)
     except VllmServerError as e:
         raise DemoError(str(e)) from e
+    say.begin("verify")
     again = scenarios.SCENARIOS[run.name](server, float(seconds) if seconds else None, say=say)
     _said_done(again, say)
     return again, fix

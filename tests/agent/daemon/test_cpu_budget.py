@@ -100,6 +100,22 @@ def test_over_budget_on_a_saturated_host_stretches_the_interval_step_by_step_and
     assert seen[-1] == 1.0 and 2.0 in seen[120:]
 
 
+def test_the_run_summary_says_how_far_it_stretched_what_waited_and_the_budget_that_avoids_it():
+    m = Machine()
+    b = m.budget(budget=0.05, interval_s=1.0, window_s=30)
+    assert CpuBudget.run_summary(b.status()) == ""  # nothing happened: nothing to say
+    tick(m, b, 120, daemon_share=0.30, host_busy=0.97)
+    assert not b.allow("report")
+    tick(m, b, 120, daemon_share=0.01, host_busy=0.20)  # back to the configured interval by the end
+    doc = b.status()
+    assert doc["effective_interval_s"] == 1.0 and doc["widest_interval_s"] == 8.0
+    line = CpuBudget.run_summary(doc)
+    assert "collection stretched from every 1s to every 8s at most" in line
+    assert "deferred 1 report" in line
+    # it used 30 % of a core: a budget a quarter above that keeps it under
+    assert "--cpu-budget 38% would have avoided it" in line, line
+
+
 def test_no_host_figures_never_stretch():
     m = Machine()
     b = CpuBudget(0.05, 1.0, clock=lambda: m.t, read_self=lambda: m.cpu, read_host=lambda: None)
@@ -159,7 +175,8 @@ class Ticker:
         return batch
 
 
-def test_the_sidecar_reschedules_its_collectors_when_the_budget_stretches(tmp_path):
+def test_the_sidecar_reschedules_its_collectors_when_the_budget_stretches(tmp_path, caplog):
+    caplog.set_level("INFO", logger="vllm_sentinel")
     m = Machine()
     budget = m.budget(interval_s=0.5, window_s=3)  # every sample: 10 s of a daemon at 50 % on a host at 99 %
 
@@ -181,6 +198,9 @@ def test_the_sidecar_reschedules_its_collectors_when_the_budget_stretches(tmp_pa
             sidecar.stop()
     assert budget.interval_s() == 4.0  # 0.5 s stretched to its 8x cap
     assert interval == 4.0
+    # three steps (1 s, 2 s, 4 s): the first one warned, the later ones only repeat it
+    said = [r for r in caplog.records if r.getMessage().startswith("cpu budget: collecting every")]
+    assert [r.levelname for r in said] == ["WARNING", "INFO", "INFO"], [(r.levelname, r.getMessage()) for r in said]
 
 
 def test_a_daemon_over_its_budget_defers_reports_and_says_so(tmp_path):
