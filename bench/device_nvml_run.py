@@ -248,26 +248,36 @@ def main() -> int:
     final_status = collector.status()
     collector.close()
 
-    os.makedirs(args.out, exist_ok=True)
+    _write_outputs(args.out, args.interval, getattr(pynvml, "__version__", ""), recorder, final_status,
+                   {"lines": lines, "ticks": ticks, "phases": phases, "events": events, "statuses": statuses,
+                    "child_pid": child_pid, "child_lines": child_lines})
+    return 0
+
+
+def _write_outputs(out: str, interval: float, pynvml_version: str, recorder: "Recorder", final_status: Any,
+                   run: dict[str, Any]) -> None:
+    """The run's exposition, its NVML call trace and its summary into `out`; the summary's figures printed."""
+    lines, ticks, phases, events = run["lines"], run["ticks"], run["phases"], run["events"]
+    statuses, child_pid, child_lines = run["statuses"], run["child_pid"], run["child_lines"]
+    os.makedirs(out, exist_ok=True)
     header = ("# NVML collector (collectors/nvml.py) on one NVIDIA H200, driver "
-              f"{final_status.detail.get('driver')}, interval {args.interval}s; load phases (epoch ms): "
+              f"{final_status.detail.get('driver')}, interval {interval}s; load phases (epoch ms): "
               + json.dumps(phases))
-    with open(os.path.join(args.out, "nvml-h200.prom"), "w") as f:
+    with open(os.path.join(out, "nvml-h200.prom"), "w") as f:
         f.write(header + "\n" + "\n".join(lines) + "\n")
-    with gzip.open(os.path.join(args.out, "nvml-h200-trace.jsonl.gz"), "wt") as f:
-        f.write(json.dumps({"kind": "header", "pynvml": getattr(pynvml, "__version__", ""),
-                            "driver": final_status.detail.get("driver"), "interval_s": args.interval,
+    with gzip.open(os.path.join(out, "nvml-h200-trace.jsonl.gz"), "wt") as f:
+        f.write(json.dumps({"kind": "header", "pynvml": pynvml_version,
+                            "driver": final_status.detail.get("driver"), "interval_s": interval,
                             "ticks_ms": ticks, "phases": phases, "constants": recorder.constants}) + "\n")
         for rec in recorder.records:
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
     summary = {"phases": phases, "child_pid": child_pid, "child": child_lines, "events": events,
                "status": {"ok": final_status.ok, "error": final_status.error, "detail": final_status.detail},
                "polls": statuses, "means": _phase_means(lines, phases), "calls": _call_costs(recorder.records)}
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
+    with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=str)
     print(json.dumps({"means": summary["means"], "status": summary["status"]}, indent=1, default=str))
     print(f"samples {len(lines)}, nvml calls {len(recorder.records)}, events {len(events)}, child pid {child_pid}")
-    return 0
 
 
 def _num(v: float | None) -> str:
