@@ -137,6 +137,17 @@ def read_bins(engine: Any, start_ms: int, end_ms: int, bin_ms: int, instance: st
     first, last = bin_ends(start_ms, end_ms, bin_ms)
     if last < first:
         return []
+    return _tallied(engine, first, last, bin_ms, instance, families)
+
+
+def read_span(engine: Any, start_ms: int, end_ms: int, instance: str | None = None,
+              families: Families = CAPACITY) -> list[Bin]:
+    """One bin per instance over exactly (start_ms, end_ms]: each counter's increase across the whole span, so
+    a scrape gap longer than a bin loses nothing (summed bins lose the increase no bin holds two samples of)."""
+    return _tallied(engine, end_ms, end_ms, end_ms - start_ms, instance, families) if end_ms > start_ms else []
+
+
+def _tallied(engine: Any, first: int, last: int, bin_ms: int, instance: str | None, families: Families) -> list[Bin]:
     queries = bin_queries(bin_ms, families)
     results = range_all(engine, [(q, first, last, bin_ms) for _, _, q in queries])
     bins: dict[tuple[str, int], Bin] = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllm_sentinel.agent.diagnosis.capacity_bins import Bin, Families, Tally, merged, read_bins
+from vllm_sentinel.agent.diagnosis.capacity_bins import Bin, Families, Tally, merged, read_bins, read_span
 from vllm_sentinel.agent.diagnosis.sim_scheduler import SimRequest
 
 FAMILIES = Families(
@@ -187,13 +187,16 @@ def read_workload(engine: object, instance: str | None, start_ms: int, end_ms: i
                                    "the model is of one server; pick one with --instance")
         instance = served[0] if served else (bins[0].instance if bins else "")
     bins = [b for b in bins if b.instance == instance]
-    whole = merged(bins)
+    # the window's totals from one span, not the bins' sum: a starved scraper's gap longer than a bin
+    # leaves bins without two samples of a counter, whose increase the sum would lose
+    span = read_span(engine, bins[0].end_ms - bin_ms, bins[-1].end_ms, instance, FAMILIES) if bins else []
+    whole = span[0] if span else merged(bins)
     if not bins or whole.requests < MIN_REQUESTS or not whole.buckets.get("prompt") or not whole.buckets.get("output"):
         raise NotEnoughTraffic(
             f"{instance or 'no instance'}: {whole.requests:.0f} requests completed between the window's ends (the model needs "
             f"{MIN_REQUESTS} or more, with vllm:request_prompt_tokens and vllm:request_generation_tokens); "
             "widen --since or pick a busier window")
-    tally = Bin(seconds=whole.seconds, instance=instance, end_ms=end_ms, increases=whole.increases,
+    tally = Bin(seconds=whole.seconds, instance=instance, end_ms=bins[-1].end_ms, increases=whole.increases,
                 gauge_seconds=whole.gauge_seconds, buckets=whole.buckets)
     inc = whole.increases
     prompt = LengthDist.from_buckets(whole.buckets["prompt"], _mean(inc, "prompt_sum", "prompt_count"))
@@ -202,7 +205,7 @@ def read_workload(engine: object, instance: str | None, start_ms: int, end_ms: i
     hit_rate = min(1.0, inc.get("prefix_hits", 0.0) / queries) if queries > 0 else 0.0
     bin_s = bin_ms / 1000
     return Workload(instance, bins[0].end_ms - bin_ms, bins[-1].end_ms, bin_s, _arrivals(bins), _clients(bins),
-                    prompt, output, hit_rate, Measured(len(bins) * bin_s, tally), bins)
+                    prompt, output, hit_rate, Measured(tally.seconds, tally), bins)
 
 
 def _mean(inc: dict[str, float], total: str, count: str) -> float:

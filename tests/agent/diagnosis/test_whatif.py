@@ -166,3 +166,32 @@ def test_the_cli_and_the_daemon_route_answer_alike(session: dict, tmp_path: Path
     empty = subprocess.run(argv[:-2] + ["--until", f"{(start - 3_600_000) / 1000:.0f}"], capture_output=True,
                            text=True, timeout=120)
     assert empty.returncode == 1 and "Traceback" not in empty.stderr, empty.stderr
+
+
+def test_a_scrape_gap_longer_than_a_bin_loses_no_requests(session: dict, tmp_path: Path) -> None:
+    """A starved scraper stored nothing for 14 s of the kv window: the window's totals still count every request
+    and token (read across the window; bins of 10 s summed would lose what no bin holds two samples of)."""
+    import gzip
+
+    from vllm_sentinel.agent.diagnosis.capacity_bins import merged, read_bins
+    from vllm_sentinel.agent.diagnosis.sim_workload import FAMILIES
+    from vllm_sentinel.agent.store.ingest import ingest_file
+
+    start, end = session["phases"]["kv_cache_pressure"]
+    gap = (start + 30_000, start + 44_000)
+    gapped = tmp_path / "gapped.prom"
+    with gzip.open(default_recording(), "rt") as src, gapped.open("w") as out:
+        for line in src:
+            ts = line.rsplit(" ", 1)[-1]
+            if line.startswith("#") or not ts.strip().isdigit() or not gap[0] < int(ts) < gap[1]:
+                out.write(line)
+    with Store.open(tmp_path / "gapped.duckdb") as store:
+        ingest_file(store, gapped)
+        w = read_workload(Engine(store), None, start, end)
+        summed = merged(read_bins(Engine(store), start, end, 10_000, w.instance, FAMILIES))
+    with Store.open(session["path"], read_only=True) as store:
+        full = read_workload(Engine(store), None, start, end)
+    for name in ("requests", "generation_tokens", "preemptions"):
+        assert w.measured.rate(name) == pytest.approx(full.measured.rate(name), rel=0.05), name
+    # the bins' sum is what the window's figures were read from before: it lost a share of the requests
+    assert summed.increases["requests"] < 0.9 * w.measured.tally.increases["requests"]
