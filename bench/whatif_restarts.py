@@ -1,0 +1,100 @@
+"""The what-if model against real restarts: predicted before, measured after, for each flag in turn.
+
+A real vLLM CPU server (the scenarios' settings: 4 sequences, 8 KV blocks of 128 tokens) under a load,
+the sidecar recording it; the model calibrated on that window ranks the trial flags; the server is then
+restarted with each and the same load runs again (agent/demo/trials.py). Prints one row per restart:
+rank, predicted and measured p95 TTFT and generated tokens/s with the model's error, goodput, verdict;
+then the calibration, the wall time and the peak RSS. Asserts nothing. About 2 minutes per restart.
+
+    .venv/bin/python bench/whatif_restarts.py [--hold 60] [--load kv_cache_pressure] [--keep-db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
+from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.trials import Trial, TrialsReport, run_trials, sidecar_stored_through
+from vllm_sentinel.agent.demo.vllm_server import VllmServer
+from vllm_sentinel.agent.alerts.rulepack import load_pack
+
+DEFAULT_TRIALS = ("--num-gpu-blocks-override=16", "--max-num-seqs=2", "--max-num-batched-tokens=128")
+
+
+def parse_trial(text: str) -> Trial:
+    flag, _, value = text.partition("=")
+    return Trial(flag, int(value))
+
+
+def table(report: TrialsReport) -> str:
+    """The rows: each restart's prediction beside its measurement."""
+    def n(v: object) -> str:
+        return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    head = f"{'trial':34} {'rank':>4} {'TTFT p95 pred/meas (err)':>28} {'tokens/s pred/meas (err)':>28} " \
+           f"{'goodput pred/meas':>18}  verdict"
+    lines = [head]
+    m = report.baseline_measured
+    lines.append(f"{'as configured (measured)':34} {'':>4} {n(m.get('ttft_p95_s')):>28} "
+                 f"{n(m.get('generation_tokens_per_s')):>28} {n(report.baseline_goodput_rps):>18}")
+    for o in report.outcomes:
+        p = o.predicted or {}
+        ttft = f"{n(p.get('ttft_p95_s'))}/{n(o.measured.get('ttft_p95_s'))} ({pct(o.error.get('ttft_p95_s'))})"
+        tps = f"{n(p.get('throughput_tps'))}/{n(o.measured.get('generation_tokens_per_s'))} " \
+              f"({pct(o.error.get('generation_tokens_per_s'))})"
+        good = f"{n(p.get('goodput_rps'))}/{n(o.goodput_rps)}"
+        lines.append(f"{o.trial.label:34} {n(o.rank):>4} {ttft:>28} {tps:>28} {good:>18}  {o.verdict}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hold", type=float, default=60.0, help="seconds of load per configuration")
+    ap.add_argument("--load", default="kv_cache_pressure", choices=sorted(scenarios.SCENARIOS))
+    ap.add_argument("--trial", action="append", help="FLAG=VALUE, repeatable (default: %s)" % ", ".join(DEFAULT_TRIALS))
+    ap.add_argument("--cpu-budget", type=float, default=1.0,
+                    help="the in-process sidecar's budget, a fraction of one core (default 1.0: the load's client "
+                         "threads share its process, and the budget would charge their CPU to the sidecar)")
+    ap.add_argument("--keep-db", type=Path, help="copy the sidecar's DuckDB here at the end")
+    args = ap.parse_args()
+    trials = [parse_trial(t) for t in (args.trial or DEFAULT_TRIALS)]
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="whatif-restarts-"))
+    server = VllmServer(scenarios.scenario_server_config(build_tiny_model()), log_path=work / "server.log")
+    server.start()
+    sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=work / "s.duckdb", interval_s=1.0,
+                                          metrics_port=None, reports_dir=work / "reports",
+                                          cpu_budget=args.cpu_budget))
+    sidecar.start()
+    try:
+        report = run_trials(server, sidecar.store.reader, lambda s, hold: scenarios.SCENARIOS[args.load](s, hold),
+                            trials, args.hold, load_pack(), say=lambda m: print(m, file=sys.stderr, flush=True),
+                            wait_stored=lambda ms: sidecar_stored_through(sidecar, ms))
+    finally:
+        sidecar.stop()
+        sidecar.store.close()
+        server.stop()
+    print(table(report))
+    print("model:", json.dumps(report.model))
+    print(f"wall {time.perf_counter() - t0:.0f} s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    if args.keep_db:
+        shutil.copy(work / "s.duckdb", args.keep_db)
+        print(f"database kept at {args.keep_db}")
+    print(json.dumps(report.as_dict()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
