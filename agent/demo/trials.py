@@ -146,6 +146,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
     store = reader()
     instance = server.instance
     model, outcomes = predict(store, instance, baseline, trials, dataclasses.asdict(first), objectives)
+    measured = measured_window(store, instance, baseline)
     say(f"trials: model {'withheld: ' + model['withheld'] if model.get('withheld') else 'calibrated'}")
     base_goodput = None
     try:
@@ -171,7 +172,6 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
         if restore:
             say("trials: restarting the server as it was configured")
             server.restart(first)
-    measured = measured_window(store, instance, baseline)
     return TrialsReport(baseline, measured, base_goodput, model, outcomes)
 
 
