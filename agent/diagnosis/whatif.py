@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_sentinel.agent.diagnosis.compare_slo import bound_under
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
 from vllm_sentinel.agent.diagnosis.sim_calibrate import Unrepresentable, calibrate, engine_config, observed_like, run_model
 from vllm_sentinel.agent.diagnosis.sim_results import SimResult
@@ -80,6 +81,7 @@ def predicted(result: SimResult, workload: Workload, replicas: int, query: WhatI
     """A scenario's figures: p50/p95 per signal (p95s read through vLLM's buckets, as the server's would be),
     preemptions, throughput and goodput of all replicas together."""
     seen = observed_like(result, workload)
+    read_at = objectives_read_at(workload, query)
     out: dict[str, Any] = {name: _r(result.quantile(signal, 0.5)) for name, signal in (
         ("ttft_p50_s", "ttft"), ("itl_p50_s", "itl"), ("tpot_p50_s", "tpot"), ("queue_p50_s", "queue"),
         ("e2e_p50_s", "e2e"))}
@@ -89,11 +91,25 @@ def predicted(result: SimResult, workload: Workload, replicas: int, query: WhatI
                 "preemptions_per_s": _r(result.preemptions_per_s() * replicas),
                 "requests_per_s": _r(seen["requests_per_s"] * replicas),
                 "generation_tokens_per_s": _r(seen["generation_tokens_per_s"] * replicas),
-                "goodput_rps": _r(result.goodput(query.ttft_slo_s, query.tpot_slo_s) * replicas),
-                "slo_attainment": _r(result.attainment(query.ttft_slo_s, query.tpot_slo_s)),
+                "goodput_rps": _r(result.goodput(*read_at) * replicas),
+                "slo_attainment": _r(result.attainment(*read_at)),
                 "unfinished": result.arrived - int(result.finished.sum()) - result.num_rejected,
                 "rejected": result.num_rejected})
     return out
+
+
+def objectives_read_at(workload: Workload, query: WhatIfQuery) -> tuple[float, float]:
+    """The TTFT and TPOT thresholds goodput is counted at: the largest of vLLM's bucket bounds at or under each
+    objective, as `compare` reads the server's histograms (a 2 s objective on buckets ..1, 2.5.. reads at 1 s),
+    so a predicted goodput is the figure `compare` will measure; the objective itself where no bounds are known."""
+    def at(family: str, objective: float) -> float:
+        bounds = workload.measured.bounds(family)
+        if not bounds:
+            return objective
+        bound = bound_under(bounds, objective)
+        return 0.0 if bound is None else bound
+    # vLLM's per-request TPOT histogram has the inter-token latency's bounds
+    return at("ttft", query.ttft_slo_s), at("itl", query.tpot_slo_s)
 
 
 # a named change the model answers beside the one asked: (name, --set pairs, replicas)
@@ -132,7 +148,8 @@ def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: st
     return {
         "window": {"start": iso_seconds(workload.start_ms), "end": iso_seconds(workload.end_ms)},
         "source": source, "instance": workload.instance,
-        "objectives": {"ttft_p95_s": query.ttft_slo_s, "tpot_p95_s": query.tpot_slo_s, "source": query.slo_source},
+        "objectives": {"ttft_p95_s": query.ttft_slo_s, "tpot_p95_s": query.tpot_slo_s, "source": query.slo_source,
+                       "read_at": dict(zip(("ttft_s", "tpot_s"), objectives_read_at(workload, query)))},
         "workload": workload.describe(),
         "configuration": {name: {"value": values.get(key), "source": sources.get(key, "")}
                           for name, key in _CONFIG_SHOWN},

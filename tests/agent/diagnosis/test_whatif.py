@@ -195,3 +195,22 @@ def test_a_scrape_gap_longer_than_a_bin_loses_no_requests(session: dict, tmp_pat
         assert w.measured.rate(name) == pytest.approx(full.measured.rate(name), rel=0.05), name
     # the bins' sum is what the window's figures were read from before: it lost a share of the requests
     assert summed.increases["requests"] < 0.9 * w.measured.tally.increases["requests"]
+
+
+def test_goodput_is_predicted_as_compare_will_read_it(session: dict) -> None:
+    """The model counts goodput at the bucket bounds compare reads the server's histograms at (a 2 s TTFT
+    objective on vLLM's buckets reads at 1 s): the replay of the kv window as configured predicts the goodput
+    the server's own buckets give for that window."""
+    import math
+
+    from vllm_sentinel.agent.diagnosis.compare_slo import Objectives, attainment
+
+    doc = _doc(session, "kv_cache_pressure")
+    assert doc["objectives"]["read_at"] == {"ttft_s": 1.0, "tpot_s": 0.1}
+    start, end = session["phases"]["kv_cache_pressure"]
+    with Store.open(session["path"], read_only=True) as store:
+        m = read_workload(Engine(store), None, start, end).measured
+    share = attainment(m.tally.buckets["ttft"], m.tally.buckets["itl"], Objectives(2.0, 0.1))
+    measured = m.rate("requests") * share
+    predicted = doc["scenarios"][0]["predicted"]["goodput_rps"]
+    assert math.isclose(predicted, measured, rel_tol=CALIBRATION_BOUND, abs_tol=0.1), (predicted, measured)
