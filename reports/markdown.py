@@ -404,9 +404,11 @@ def _fixes(data: ReportData) -> list[str]:
             before[param] = str(fix["current"])
             defaulted.add(param)
         after[param] = str(suggested)
+        break  # one setting at a time: the first flag fix above, then `compare` says what it did
     if not touched:
         return out + ["No fix names a concrete value, so there is no command line to change.", ""]
-    out += ["Before and after:", "", *fenced([f"- {serve_command(model, before, defaulted, touched)}",
+    out += [f"The first of these that is a flag, {_code(touched[0])}, as a command line (change one setting, "
+            "then verify with `vllm-sentinel compare --change auto`):", "", *fenced([f"- {serve_command(model, before, defaulted, touched)}",
                                               f"+ {serve_command(model, after, defaulted, touched)}"], "diff"), ""]
     if cfg is None:
         out += ["(No configuration snapshot: the line shows only the flags the fix changes.)", ""]

@@ -69,6 +69,18 @@ def test_replicas_and_environment_fixes_stay_off_the_vllm_serve_line() -> None:
     assert "```diff" not in text and "replicas 5" not in text
 
 
+def test_the_command_line_changes_one_setting_the_first_flag_fix() -> None:
+    """Change one parameter, then verify: two flag fixes (ranked memory first) put only the first on the line."""
+    data = replace(load_fixture("queue_blocking"), config=None)
+    fixes = [{"param": "replicas", "current": "1", "suggested": "3", "why": "demand"},
+             {"param": "--num-gpu-blocks-override", "current": "8", "suggested": "19", "why": "memory"},
+             {"param": "--max-num-seqs", "current": "4", "suggested": "1", "why": "fewer sequences"}]
+    text = render_markdown(replace(data, fixes=fixes))
+    assert ("- vllm serve tiny-llama --num-gpu-blocks-override 8\n"
+            "+ vllm serve tiny-llama --num-gpu-blocks-override 19\n") in text
+    assert "--max-num-seqs 1" not in text and "The first of these that is a flag, `--num-gpu-blocks-override`" in text
+
+
 def test_resolved_incident_has_end_and_duration_firing_one_says_so() -> None:
     resolved, _ = prepare(load_fixture("kv_cache_pressure"))
     assert "| resolved | 2026-11-29 10:33:30 UTC |" in resolved and "| duration | 9m 30s |" in resolved
