@@ -206,8 +206,10 @@ def render_prediction(console: Console, fix: dict, doc: dict) -> None:
     rows = prediction_rows(fix, doc)
     if not rows:
         return
-    table = Table(title=f"predicted before the change vs measured after it ({fix['param']} {fix.get('current')} -> "
-                        f"{fix.get('suggested')})", show_edge=False, pad_edge=False, title_justify="left")
+    # the title on a line of its own: a table title wraps at the table's narrow width
+    console.print(f"predicted before the change vs measured after it ({fix['param']} {fix.get('current')} -> "
+                  f"{fix.get('suggested')}):", highlight=False)
+    table = Table(show_edge=False, pad_edge=False)
     for col, justify in (("signal", "left"), ("predicted", "right"), ("measured", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for label, p, m in rows:

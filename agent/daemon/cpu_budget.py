@@ -99,6 +99,14 @@ class CpuBudget:
         self._changed_at = -math.inf
         self.sample()
 
+    def measure_with(self, read_self: Callable[[], float]) -> None:
+        """Count the daemon's CPU with `read_self` from now on (a process that also runs other work, such as
+        the demo's load, counts only the daemon's part); the window starts again."""
+        with self._lock:
+            self.read_self = read_self
+            self._readings.clear()
+        self.sample()
+
     def sample(self) -> float:
         """Take a reading, drop those older than the window, adjust the stretch; returns the interval."""
         reading = Reading(self.clock(), self.read_self(), self.read_host())

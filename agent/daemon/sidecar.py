@@ -211,8 +211,11 @@ class Sidecar:
         # and the daemon's own metrics carry the current interval, and a run's end sums it up
         first = not self._budget_announced and interval != self.config.cpu_budget.base_interval_s
         self._budget_announced = self._budget_announced or first
-        (log.warning if first else log.info)("cpu budget: collecting every %gs (%s)", interval,
-                                             self.config.cpu_budget.status()["summary"])
+        doc = self.config.cpu_budget.status()
+        (log.warning if first else log.info)(
+            "cpu budget: collecting every %gs instead of %gs: the daemon used %.1f%% of one core (budget %g%%) on a "
+            "host %.0f%% busy; captures and reports wait while it is over", interval, doc["interval_s"],
+            doc["used"] * 100, doc["budget"] * 100, doc["host_busy"] * 100)
 
     def _collect_one(self, collector: Collector) -> None:
         t0 = self._starting(collector)

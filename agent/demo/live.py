@@ -14,6 +14,7 @@ from typing import Any
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
+from vllm_sentinel.agent.demo.load_cpu import CpuLessLoad
 from vllm_sentinel.agent.demo.progress import Progress
 from vllm_sentinel.agent.demo.replay import run_replay
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
@@ -82,18 +83,19 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
     db = workdir / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.duckdb"
     server = VllmServer(scenarios.scenario_server_config(model_dir), log_path=workdir / "vllm-server.log")
     progress.begin("server")
-    say(f"starting a real vLLM CPU server: 4 sequences, 8 KV blocks of 128 tokens (45-90 s on 2 cores; "
-        f"log {server.log_path})")
+    say(f"starting vLLM on CPU: 4 sequences, 8 KV blocks of 128 tokens (30-90 s; log: {server.log_path.name})")
     try:
         server.start()
     except VllmServerError as e:
         raise DemoError(str(e)) from e
     pack = load_pack()
     try:
-        say(f"vLLM ready at {server.url} after {server.startup_seconds:.0f} s; the sidecar records into {db}")
+        say(f"vLLM ready at {server.url} after {server.startup_seconds:.0f} s; the sidecar records into {db.name}")
         sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=db, interval_s=1.0, metrics_port=None,
                                               reports_dir=workdir / "live-reports",
                                               **({"cpu_budget": cpu_budget} if cpu_budget is not None else {})))
+        if sidecar.config.cpu_budget is not None:  # the load's client threads share this process
+            sidecar.config.cpu_budget.measure_with(CpuLessLoad())
         start_ms = int(time.time() * 1000)
         sidecar.start()
         try:
@@ -146,10 +148,9 @@ def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scen
         return None, None
     ranked = ""
     if fix.get("rank"):
-        above = "" if fix["rank"] == 1 else "; those above it are not a flag of this one server (replicas)"
-        ranked = f" (ranked {fix['rank']} by the model's predicted goodput{above})"
-    say(f"verifying the fix: restarting vLLM with {fix['param']} {fix['current']} -> {fix['suggested']}{ranked} "
-        "(the sidecar keeps recording)")
+        above = "" if fix["rank"] == 1 else "; above it: replicas, not a flag of one server"
+        ranked = f" (ranked {fix['rank']} by predicted goodput{above})"
+    say(f"applying the fix {fix['param']} {fix['current']} -> {fix['suggested']}{ranked}: restarting vLLM")
     say.begin("restart")
     try:
         restart_with_fix(server, fix)

@@ -232,3 +232,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_measure_with_counts_only_what_the_new_reader_says():
+    """A process that also runs other work (the demo's load) swaps in a reader of the daemon's part only."""
+    m = Machine()
+    b = m.budget(budget=0.05, interval_s=1.0, window_s=30)
+    tick(m, b, 20, daemon_share=0.50, host_busy=0.97)
+    assert b.used() > 0.05
+    own = [0.0]
+    b.measure_with(lambda: own[0])
+    for _ in range(20):
+        m.run(1, daemon_share=0.50, host_busy=0.97)  # the process still burns half a core...
+        own[0] += 0.02  # ...of which the daemon's own is 2 %
+        b.sample()
+    assert b.used() == pytest.approx(0.02) and b.interval_s() == 1.0
