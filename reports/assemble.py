@@ -302,7 +302,7 @@ def assemble_incident(store: Any, incident: dict, *, now_ms: int, rules: Sequenc
     start, window = incident_window(incident, now_ms)
     if "model" not in incident and incident.get("fixes"):  # a stored incident: its fixes predicted and ranked now
         incident = {**incident, "fixes": [dict(f) for f in incident["fixes"]]}
-        rank_fixes(engine or Engine(store), store_configs(store, window[0], window[1]), [incident], window[1],
+        rank_fixes(engine or Engine(store), lambda s, e: store_configs(store, s, e), [incident], window[1],
                    pack_objectives(rules))
     missing: list[str] = []
     exprs, descriptions, series = charted_evidence(store, incident, rules, window, engine, missing)

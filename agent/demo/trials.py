@@ -121,7 +121,7 @@ def predict(store: Any, instance: str, window: tuple[int, int], trials: Sequence
     fixes = [{"param": t.flag, "current": str(config.get(FLAG_FIELDS[t.flag])), "suggested": str(t.value),
               "trial": t} for t in trials]
     incident = {"instance": instance, "start": iso_seconds(window[0]), "end": iso_seconds(window[1]), "fixes": fixes}
-    rank_fixes(Engine(store), store_configs(store, *window), [incident], window[1], objectives)
+    rank_fixes(Engine(store), lambda s, e: store_configs(store, s, e), [incident], window[1], objectives)
     outcomes = [TrialOutcome(f["trial"], config.get(FLAG_FIELDS[f["trial"].flag]), f.get("rank"), f.get("predicted"))
                 for f in incident["fixes"]]
     return incident.get("model") or {}, outcomes

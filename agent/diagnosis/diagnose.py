@@ -54,7 +54,7 @@ def diagnose(store: Store, start_ms: int, end_ms: int, instance: str | None = No
         profile = profile_of(store, inc["id"])
         if profile:
             inc["profile"] = profile
-    rank_fixes(Engine(store), store_configs(store, start_ms, end_ms), incidents, end_ms,
+    rank_fixes(Engine(store), lambda s, e: store_configs(store, s, e), incidents, end_ms,
                pack_objectives(getattr(evaluate_window, "pack", None)))
     doc = {
         "window": {"start": iso_seconds(start_ms), "end": iso_seconds(end_ms)},

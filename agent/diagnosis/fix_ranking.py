@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_sentinel.agent.diagnosis.change_points import find_changes
 from vllm_sentinel.agent.diagnosis.sim_calibrate import Unrepresentable
 from vllm_sentinel.agent.diagnosis.sim_workload import NotEnoughTraffic
 from vllm_sentinel.agent.diagnosis.whatif import ConfigLookup, WhatIfQuery, whatif
@@ -35,6 +37,8 @@ KNOB_OF_PARAM = {"--max-num-seqs": "max-num-seqs", "--max-num-batched-tokens": "
                  "--block-size": "block-size", "--max-model-len": "max-model-len",
                  "--long-prefill-token-threshold": "long-prefill-token-threshold",
                  "--scheduling-policy": "scheduling-policy", "--enable-chunked-prefill": "enable-chunked-prefill"}
+# (start_ms, end_ms) -> the configurations in force at end_ms
+ConfigsFor = Callable[[int, int], ConfigLookup]
 # (prediction key, name in a trade, lower is better)
 HEADLINE = (("ttft_p95_s", "TTFT p95", True), ("itl_p95_s", "inter-token p95", True),
             ("preemptions_per_s", "preemptions/s", True), ("generation_tokens_per_s", "tokens/s", False))
@@ -67,9 +71,10 @@ def scenario_of(fix: dict) -> tuple[tuple[tuple[str, str], ...], int] | None:
     return (((knob, str(suggested)),), 1) if knob else None
 
 
-def rank_fixes(engine: Any, configs: ConfigLookup, incidents: list[dict], window_end_ms: int,
+def rank_fixes(engine: Any, configs_for: ConfigsFor, incidents: list[dict], window_end_ms: int,
                objectives: Objectives = Objectives()) -> None:
-    """Predict and order each incident's fixes in place (see the module's docstring)."""
+    """Predict and order each incident's fixes in place (see the module's docstring). `configs_for(start, end)`
+    gives the configurations in force at the end of a stretch: each incident's own, cut at a restart."""
     for inc in incidents:
         candidates = [(i, scenario_of(f)) for i, f in enumerate(inc.get("fixes") or [])]
         candidates = [(i, s) for i, s in candidates if s is not None]
@@ -77,7 +82,8 @@ def rank_fixes(engine: Any, configs: ConfigLookup, incidents: list[dict], window
             continue
         start, end = _stretch(inc, window_end_ms)
         try:
-            inc["model"] = _predict(engine, configs, inc, candidates, start, end, objectives)
+            start, end = one_configuration(engine, inc["instance"], start, end)
+            inc["model"] = _predict(engine, configs_for(start, end), inc, candidates, start, end, objectives)
         except (NotEnoughTraffic, Unrepresentable, BadKnob) as e:
             inc["model"] = {"calibration_error": None, "withheld": str(e)}
         except Exception as e:  # a model failure must not cost the operator the diagnosis
@@ -90,6 +96,18 @@ def _stretch(inc: dict, window_end_ms: int) -> tuple[int, int]:
     end = parse_rfc3339_ms(inc["end"]) if inc.get("end") else window_end_ms
     start = max(parse_rfc3339_ms(inc["start"]), end - RANK_WINDOW_MS)
     return min(start, end - MIN_WINDOW_MS), end
+
+
+def one_configuration(engine: Any, instance: str, start: int, end: int) -> tuple[int, int]:
+    """The stretch cut before the first restart or configuration change inside it: the incident's fixes are for
+    the configuration it fired under, and a replay across a restart mixes two servers (the demo's kv incident,
+    open across its fix's restart, was withheld: 100 % off on preemptions). Still MIN_WINDOW_MS long, reaching back."""
+    inside = [c for c in find_changes(engine, instance, start, end) if start < c.at_ms < end]
+    if not inside:
+        return start, end
+    # a restart's gap begins at the old server's last sample (its configuration change is seen where samples resume)
+    cut = min(c.gap[0] if c.gap is not None else c.at_ms for c in inside)
+    return min(start, cut - MIN_WINDOW_MS), cut
 
 
 def _predict(engine: Any, configs: ConfigLookup, inc: dict, candidates: list[tuple[int, Any]], start: int, end: int,

@@ -142,7 +142,7 @@ def diagnose_remote(engine: RemoteEngine, start_ms: int, end_ms: int, instance: 
     """
     window, configs, incidents = remote_incidents(engine, start_ms, end_ms, instance, pack)
     incidents = link_episodes(incidents, causal_links(pack))
-    rank_fixes(engine, lambda inst: (configs[inst].values, configs[inst].sources) if inst in configs else None,
+    rank_fixes(engine, lambda _s, _e: lambda inst: (configs[inst].values, configs[inst].sources) if inst in configs else None,
                incidents, end_ms, pack_objectives(pack))
     counts = _series_counts(engine, window)
     health = summaries(engine, window.instances, start_ms, end_ms, counts, {})

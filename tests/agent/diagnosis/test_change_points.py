@@ -211,3 +211,21 @@ def test_gaps_are_several_scrape_intervals_and_half_a_minute_at_least() -> None:
     every_1s = list(range(0, 20_000, 1000)) + list(range(45_000, 60_000, 1000))
     assert gap_in(every_1s, 45_000) is None  # 26 s: many intervals, but under 30 s
     assert gap_in(every_1s, 45_000 + 60_000) is None  # nowhere near the gap
+
+
+def test_a_fix_is_ranked_over_the_configuration_its_incident_fired_under() -> None:
+    """An incident open across a restart: its stretch for the what-if model ends at the old server's last
+    sample (the replay would mix two servers), and keeps a minute of history by reaching back."""
+    from vllm_sentinel.agent.diagnosis.fix_ranking import MIN_WINDOW_MS, one_configuration
+
+    d = user_case()
+    store = loaded(d)
+    try:
+        first_end, second_start = d.spans[0][1], d.spans[1][0]
+        incident = (first_end - 30_000, d.spans[1][1])  # fired 30 s before the restart, still firing after it
+        assert one_configuration(Engine(store), INSTANCE, *incident) == (first_end - MIN_WINDOW_MS, first_end)
+        # a stretch wholly after the restart is left as it is
+        after = (second_start + 60_000, d.spans[1][1])
+        assert one_configuration(Engine(store), INSTANCE, *after) == after
+    finally:
+        store.close()
