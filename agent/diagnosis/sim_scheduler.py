@@ -310,27 +310,35 @@ class _Engine:
         del self.running[seq.order], self.explicit[seq.order]
         self._enqueue(seq, front=True)
 
-    def _prefill_plan(self, seq: _Seq, budget: int) -> tuple[int, int, int]:
-        """(computed tokens it starts from, tokens this step, blocks) for a waiting request; 0 tokens: it cannot."""
+    def _prefill_plan(self, seq: _Seq, budget: int) -> tuple[int, int, int, int]:
+        """(computed tokens it starts from, tokens this step, blocks it takes, free blocks it needs to be admitted)
+        for a waiting request; 0 tokens: it cannot.
+
+        vLLM admits a waiting or preempted request only where its whole sequence so far fits in the free
+        blocks (scheduler_reserve_full_isl, on by default since 0.32), though it allocates only this step's
+        chunk: a chunked prompt is not admitted to be preempted at its next block."""
         start = 0 if seq.admitted else seq.cached  # a recomputed request starts over, cache or not
-        num_new = self._chunk(seq.prompt + seq.generated - start, budget)
-        return start, num_new, _blocks(start + num_new, self.bs)
+        total = seq.prompt + seq.generated
+        num_new = self._chunk(total - start, budget)
+        take = _blocks(start + num_new, self.bs)
+        whole = _blocks(min(total, self.cfg.max_model_len), self.bs) - start // self.bs
+        return start, num_new, take, max(take, whole)
 
     def _admit(self, budget: int, plan: list[tuple[_Seq, int]]) -> None:
         free = self.capacity - self.used
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0][1]
-            start, num_new, need = self._prefill_plan(seq, budget)
+            start, num_new, take, need = self._prefill_plan(seq, budget)
             if not num_new or need > free:
                 break  # the head stays at the head
             heapq.heappop(self.waiting)
             if not seq.admitted:
                 seq.admitted = True
                 self.tally.queue_at[seq.idx] = self.clock
-            seq.computed, seq.held, seq.order = start, need, self.next_order
+            seq.computed, seq.held, seq.order = start, take, self.next_order
             self.next_order += 1
-            free -= need
-            self.used += need
+            free -= take
+            self.used += take
             self.running[seq.order] = self.explicit[seq.order] = seq
             plan.append((seq, num_new))
             budget -= num_new
@@ -424,7 +432,7 @@ class _Engine:
         if first > free:
             return False
         if room and self.waiting:
-            _, num_new, need = self._prefill_plan(self.waiting[0][1], left)
+            _, num_new, _take, need = self._prefill_plan(self.waiting[0][1], left)
             if num_new and need <= free - first:
                 return False
         limit = self.horizon

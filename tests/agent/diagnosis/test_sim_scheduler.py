@@ -96,6 +96,18 @@ def test_kv_pressure_preempts_the_last_running_request_which_recomputes_prompt_a
     assert r.preemptions_per_s() == pytest.approx(1 / 13)
 
 
+def test_a_chunked_prompt_waits_until_its_whole_sequence_fits():
+    """vLLM (scheduler_reserve_full_isl) admits a request only where all its tokens so far fit in the free
+    blocks, though it allocates one chunk: admitted on its first chunk's block, the prompt would be preempted
+    at its next block and recomputed again and again."""
+    # 6 usable blocks of 16 tokens; A holds 3 (40 tokens growing to 44); B's 60-token prompt needs 4, its first
+    # chunk 1. B waits for A to finish, then prefills in 2 steps (48 + 12 tokens) with nothing preempted
+    reqs = [SimRequest(0.0, 40, 4), SimRequest(0.0, 60, 1)]
+    r = simulate(reqs, cfg(num_blocks=7, max_num_batched_tokens=48), ONE_SECOND)
+    assert r.finished.all() and r.total_preemptions == 0
+    assert r.queue_s[1] == pytest.approx(r.e2e_s[0]) and r.ttft_s[1] == pytest.approx(r.e2e_s[0] + 2.0)
+
+
 def test_priority_admits_by_priority_and_preempts_the_largest_priority_value():
     reqs = [SimRequest(0.0, 10, 3, priority=0), SimRequest(0.1, 10, 3, priority=5), SimRequest(0.2, 10, 3, priority=1)]
     fcfs = simulate(reqs, cfg(max_num_seqs=1), ONE_SECOND)
@@ -332,7 +344,9 @@ class Reference:
             r, x = self.reqs[i], self.s[i]
             start = 0 if x["admitted"] else r.cached_tokens // self.c.block_size * self.c.block_size
             num = self.chunk(r.prompt_tokens + x["g"] - start, budget)
-            if not num or self.blocks(start + num) > self.cap - self.used():
+            # admitted only where the whole sequence so far fits (vLLM's scheduler_reserve_full_isl)
+            whole = self.blocks(min(r.prompt_tokens + x["g"], self.c.max_model_len)) - start // self.c.block_size
+            if not num or max(self.blocks(start + num), whole) > self.cap - self.used():
                 return
             self.waiting.pop(0)
             if not x["admitted"]:
