@@ -12,20 +12,46 @@ then the calibration, the wall time and the peak RSS. Asserts nothing. About 2 m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
+from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficResult
 from vllm_sentinel.agent.demo.trials import Trial, TrialsReport, run_trials, sidecar_stored_through
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.alerts.rulepack import load_pack
+
+def load_in_child(name: str, server: VllmServer, hold: float) -> scenarios.ScenarioRun:
+    """The scenario's load sent from a child process: client threads beside the sidecar would share its GIL."""
+    run = scenarios.ScenarioRun(name, name, int(time.time() * 1000))
+    run.mark("load")
+    res = subprocess.run([sys.executable, __file__, "--client", server.url, server.model_name, name, str(hold)],
+                         capture_output=True, text=True, timeout=hold + 300, check=True)
+    run.traffic = TrafficResult(**json.loads(res.stdout))
+    run.mark("settle")
+    time.sleep(scenarios.SETTLE_S)
+    run.end_ms = int(time.time() * 1000)
+    return run
+
+
+def client(url: str, model: str, name: str, hold: float) -> int:
+    """--client mode: run one scenario's traffic plan and print what the clients saw as JSON."""
+    plans = {"kv_cache_pressure": scenarios.kv_pressure_plan, "queue_blocking": scenarios.queue_plan,
+             "healthy": scenarios.healthy_plan}
+    result = BackgroundTraffic(url, model, plans[name](hold)).start().wait(hold + 240)
+    print(json.dumps(dataclasses.asdict(result)))
+    return 0
+
 
 DEFAULT_TRIALS = ("--num-gpu-blocks-override=16", "--max-num-seqs=2", "--max-num-batched-tokens=128")
 
@@ -60,13 +86,17 @@ def table(report: TrialsReport) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == "--client":
+        return client(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hold", type=float, default=60.0, help="seconds of load per configuration")
-    ap.add_argument("--load", default="kv_cache_pressure", choices=sorted(scenarios.SCENARIOS))
+    ap.add_argument("--load", default="kv_cache_pressure", choices=("kv_cache_pressure", "queue_blocking", "healthy"))
+    ap.add_argument("--clients-in-process", action="store_true",
+                    help="send the load from this process's threads, beside the sidecar (default: a child process)")
     ap.add_argument("--trial", action="append", help="FLAG=VALUE, repeatable (default: %s)" % ", ".join(DEFAULT_TRIALS))
-    ap.add_argument("--cpu-budget", type=float, default=1.0,
-                    help="the in-process sidecar's budget, a fraction of one core (default 1.0: the load's client "
-                         "threads share its process, and the budget would charge their CPU to the sidecar)")
+    ap.add_argument("--cpu-budget", type=float, default=None,
+                    help="the sidecar's budget, a fraction of one core (default: the daemon's; 1.0 with "
+                         "--clients-in-process, whose threads the budget would charge to the sidecar)")
     ap.add_argument("--keep-db", type=Path, help="copy the sidecar's DuckDB here at the end")
     args = ap.parse_args()
     trials = [parse_trial(t) for t in (args.trial or DEFAULT_TRIALS)]
@@ -76,10 +106,16 @@ def main() -> int:
     server.start()
     sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=work / "s.duckdb", interval_s=1.0,
                                           metrics_port=None, reports_dir=work / "reports",
-                                          cpu_budget=args.cpu_budget))
+                                          cpu_budget=args.cpu_budget or (1.0 if args.clients_in_process
+                                                                         else DEFAULT_BUDGET)))
     sidecar.start()
     try:
-        report = run_trials(server, sidecar.store.reader, lambda s, hold: scenarios.SCENARIOS[args.load](s, hold),
+        def load(s: VllmServer, hold: float) -> scenarios.ScenarioRun:
+            if args.clients_in_process:
+                return scenarios.SCENARIOS[args.load](s, hold)
+            return load_in_child(args.load, s, hold)
+
+        report = run_trials(server, sidecar.store.reader, load,
                             trials, args.hold, load_pack(), say=lambda m: print(m, file=sys.stderr, flush=True),
                             wait_stored=lambda ms: sidecar_stored_through(sidecar, ms))
     finally:
