@@ -43,5 +43,9 @@ def test_a_thread_that_ended_reads_none():
     t = threading.Thread(target=lambda: None)
     t.start()
     t.join()
+    # join returns when Python is done with the thread; the kernel drops its task entry a moment later
+    deadline = time.monotonic() + 5
+    while thread_cpu_seconds(t.native_id) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert thread_cpu_seconds(t.native_id) is None
     assert thread_cpu_seconds(threading.get_native_id()) is not None
