@@ -200,9 +200,9 @@ class CpuBudget:
         if deferred:
             parts.append(f"deferred {', '.join(deferred)}")
         peak = max(doc.get("peak_used", 0.0), doc["used"])
-        return (f"cpu budget {doc['budget'] * 100:g}% of one core, the daemon used up to {peak * 100:.0f}% on a "
-                f"saturated host: {'; '.join(parts)}. --cpu-budget {max(math.ceil(peak * 125), 1)}% would have "
-                "avoided it")
+        host = " on a saturated host" if widest != doc["interval_s"] else ""  # only a saturated host stretches
+        return (f"cpu budget {doc['budget'] * 100:g}% of one core, the daemon used up to {peak * 100:.0f}%{host}: "
+                f"{'; '.join(parts)}. --cpu-budget {max(math.ceil(peak * 125), 1)}% would have avoided it")
 
     @staticmethod
     def summary(doc: dict) -> str:

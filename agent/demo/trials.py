@@ -5,7 +5,7 @@ predicts each trial flag and ranks them as `diagnose` ranks an incident's fixes.
 restarted with each flag in turn (the sidecar keeps recording: one instance, a snapshot per restart),
 the same load runs again, and what the server measured is set beside what was predicted: p95 TTFT and
 throughput with the model's error, goodput and the verdict by `compare`'s one decision procedure. The
-server is left as it was configured. Used by the integration test and by bench/whatif_restarts.py.
+server is restarted as it was configured at the end (unless asked not to). Used by bench/whatif_restarts.py.
 """
 
 from __future__ import annotations

@@ -163,6 +163,7 @@ CASES = [
     # demo
     ("demo-negative-seconds", ["demo", "--seconds", "-1"], "--seconds"),
     ("demo-workdir-is-file", ["demo", "--replay", "--workdir", "{d}/metrics.txt"], "metrics.txt"),
+    ("demo-bare-cpu-budget", ["demo", "--cpu-budget", "5"], "--cpu-budget 5%"),
 ]
 
 

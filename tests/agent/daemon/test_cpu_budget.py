@@ -114,6 +114,12 @@ def test_the_run_summary_says_how_far_it_stretched_what_waited_and_the_budget_th
     assert "deferred 1 report" in line
     # it used 30 % of a core: a budget a quarter above that keeps it under
     assert "--cpu-budget 38% would have avoided it" in line, line
+    # over budget on a host with room: reports wait, nothing stretches, and no saturated host is claimed
+    quiet = m.budget(budget=0.05, interval_s=1.0, window_s=30)
+    tick(m, quiet, 60, daemon_share=0.30, host_busy=0.20)
+    assert not quiet.allow("report")
+    line = CpuBudget.run_summary(quiet.status())
+    assert "deferred 1 report" in line and "stretched" not in line and "saturated" not in line, line
 
 
 def test_no_host_figures_never_stretch():
