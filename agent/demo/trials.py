@@ -33,6 +33,7 @@ Say = Callable[[str], None]
 Scenario = Callable[[VllmServer, float], ScenarioRun]
 # a load's first seconds: its clients ramp up and the previous server's last requests drain
 RAMP_MS = 20_000
+MIN_STEADY_MS = 20_000  # the least of a load measured: two of the model's 10 s bins
 # the prediction is judged on these, by the model's own reading of a window (p95s through vLLM's buckets)
 JUDGED = ("ttft_p95_s", "generation_tokens_per_s")
 
@@ -134,13 +135,16 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
 
     `reader()` opens the sidecar's store for reading; `wait_stored(ms)` returns once it holds samples
     through that time. With `restore`, the server is restarted with its first configuration at the end."""
+    if hold_s * 1000 < RAMP_MS + MIN_STEADY_MS:
+        raise ValueError(f"a {hold_s:g} s load leaves under {MIN_STEADY_MS // 1000} s past its {RAMP_MS // 1000} s ramp "
+                         f"to measure: hold it {(RAMP_MS + MIN_STEADY_MS) // 1000} s or longer")
     first = server.config
     unknown = [t.flag for t in trials if t.flag not in FLAG_FIELDS]
     if unknown:
         raise ValueError(f"trial flags {unknown} are not flags the demo server takes; use {sorted(FLAG_FIELDS)}")
     say(f"trials: the load as configured for {hold_s:.0f} s")
     base = scenario(server, hold_s)
-    baseline = (base.start_ms + RAMP_MS, base.end_ms)
+    baseline = steady_window(base, hold_s)
     say(f"trials: the load's clients saw {traffic_seen(base)}")
     wait_stored(base.end_ms)
     store = reader()
@@ -154,7 +158,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
             say(f"trials: restarting with {o.trial.label} (ranked {o.rank or '-'}), the same load for {hold_s:.0f} s")
             server.restart(dataclasses.replace(first, **{FLAG_FIELDS[o.trial.flag]: o.trial.value}))
             run = scenario(server, hold_s)
-            o.window = (run.start_ms + RAMP_MS, run.end_ms)
+            o.window = steady_window(run, hold_s)
             o.clients = traffic_seen(run)
             say(f"trials: the load's clients saw {o.clients}")
             wait_stored(run.end_ms)
@@ -173,6 +177,13 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
             say("trials: restarting the server as it was configured")
             server.restart(first)
     return TrialsReport(baseline, measured, base_goodput, model, outcomes)
+
+
+def steady_window(run: ScenarioRun, hold_s: float) -> tuple[int, int]:
+    """The stretch of a load where every client kept a request in the server: past its ramp, before its clients
+    stopped sending (the drain after it has an emptying queue, which the model replays as a different load)."""
+    start = run.phase("load")
+    return start + RAMP_MS, start + int(hold_s * 1000)
 
 
 def sidecar_stored_through(sidecar: Any, t_ms: int, timeout_s: float = 120.0) -> None:

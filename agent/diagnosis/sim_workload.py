@@ -66,37 +66,55 @@ class LengthDist:
         return cls(tuple(bounds), tuple(float(c) for c in counts), float(mean))
 
     def sample(self, n: int, rng: random.Random) -> list[int]:
-        """n lengths: a bucket drawn by its share, then a place in it; one bucket alone gives its mean.
+        """n lengths: a bucket drawn by its share, then a place in it, so the sample's mean is the measured mean.
 
-        Within buckets a common skew is fitted so the sample's mean matches the measured mean (benchmarks
-        send fixed lengths: 200-token prompts sit in vLLM's (100, 200] bucket, not spread over it)."""
+        One bucket and a whole-number mean: every request had that length (a benchmark's fixed lengths).
+        Otherwise each bucket holds the least-assuming shape with the right mean, a truncated exponential
+        with one rate (per bucket width) for all buckets: 200-word prompts averaging 203.9 tokens sit
+        just above 200 in vLLM's (200, 500] bucket, not spread over it. The spread matters: on the real
+        scheduler, 12 clients of identical 204+200-token requests on 7 blocks preempt 0.58 times a request,
+        the same with prompts 200-212 long 0.97 times, as the server measured (0.99)."""
         total = sum(self.counts)
         if n <= 0 or total <= 0:
             return []
         used = [i for i, c in enumerate(self.counts) if c > 0]
-        if len(used) == 1:
+        if len(used) == 1 and abs(self.mean - round(self.mean)) < WHOLE_MEAN:
             return [max(1, round(self.mean))] * n
         lows = [0.0] + list(self.bounds[:-1])
         picks = rng.choices(range(len(self.counts)), weights=self.counts, k=n)
-        spots = [rng.random() for _ in range(n)]
-        edges = [(lows[i], self._top(i, lows)) for i in picks]
-        skew = self._fit_skew(edges, spots)
-        return [max(1, round(lo + (hi - lo) * u ** skew)) for (lo, hi), u in zip(edges, spots)]
+        edges = np.array([(lows[i], self._top(i, lows)) for i in picks], dtype=float)
+        spots = np.array([rng.random() for _ in range(n)])
+        return [int(v) for v in _lengths(edges, spots, self._fit_rate(edges, spots))]
 
     def _top(self, i: int, lows: list[float]) -> float:
         # the +Inf bucket is read as reaching twice its lower bound (its mean is fitted within it anyway)
         return self.bounds[i] if math.isfinite(self.bounds[i]) else max(2 * lows[i], lows[i] + 1)
 
-    def _fit_skew(self, edges: list[tuple[float, float]], spots: list[float]) -> float:
-        def mean_at(skew: float) -> float:
-            return sum(lo + (hi - lo) * u ** skew for (lo, hi), u in zip(edges, spots)) / len(spots)
-        lo, hi = 1 / 64, 64.0  # u ** skew: small skew lifts values toward the bucket's top, large toward its floor
+    def _fit_rate(self, edges: np.ndarray, spots: np.ndarray) -> float:
+        def mean_at(rate: float) -> float:
+            return float(_lengths(edges, spots, rate).mean())
+        lo, hi = -MAX_RATE, MAX_RATE  # a positive rate packs lengths toward each bucket's floor, negative its top
         if not mean_at(hi) <= self.mean <= mean_at(lo):
             return lo if self.mean > mean_at(lo) else hi
-        for _ in range(40):
-            mid = math.sqrt(lo * hi)
+        for _ in range(50):
+            mid = (lo + hi) / 2
             lo, hi = (mid, hi) if mean_at(mid) > self.mean else (lo, mid)
-        return math.sqrt(lo * hi)
+        return (lo + hi) / 2
+
+
+WHOLE_MEAN = 1e-3  # a mean this close to a whole number, from one bucket: fixed lengths
+MAX_RATE = 500.0  # the steepest shape, per bucket width: the lengths within 1/500 of the bucket's edge
+
+
+def _lengths(edges: np.ndarray, spots: np.ndarray, rate: float) -> np.ndarray:
+    """Whole token counts inside each bucket (lo, hi] at quantile `spot` of a truncated exponential of `rate`."""
+    lo, hi = edges[:, 0], edges[:, 1]
+    if abs(rate) < 1e-9:
+        f = spots
+    else:  # the inverse of the truncated exponential's CDF on [0, 1]
+        f = -np.log1p(spots * math.expm1(-rate)) / rate
+    whole = np.ceil(lo + (hi - lo) * f)
+    return np.maximum(1, np.minimum(np.floor(hi), np.maximum(np.floor(lo) + 1, whole))).astype(np.int64)
 
 
 @dataclass

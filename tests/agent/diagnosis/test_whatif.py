@@ -137,6 +137,13 @@ def test_length_distributions_keep_the_measured_mean_inside_vllms_buckets() -> N
     assert sum(values) / len(values) == pytest.approx(600, rel=0.03)
     assert sum(v <= 100 for v in values) / len(values) == pytest.approx(0.3, abs=0.03)
     assert max(values) <= 2000
+    # 200-word prompts: 203.9 tokens on average, nearly all in (200, 500]; they sit just above 200, spread
+    # (identical lengths would preempt in lockstep, far less often than the server measured)
+    words = LengthDist.from_buckets({200: 3, 500: 190, float("inf"): 190}, 203.9)
+    values = words.sample(2000, rng)
+    assert sum(values) / len(values) == pytest.approx(203.9, abs=0.5)
+    assert len(set(values)) > 5 and sum(v > 230 for v in values) / len(values) < 0.02
+    assert sum(v <= 200 for v in values) / len(values) == pytest.approx(3 / 190, abs=0.01)
 
 
 def test_errors_count_from_the_floor_and_lengths_are_cut_to_max_model_len() -> None:
