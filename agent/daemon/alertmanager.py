@@ -17,8 +17,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from vllm_sentinel.agent.daemon.alert_fixes import RankedFixes, fix_annotations
 from vllm_sentinel.agent.diagnosis.incidents import Incident
 from vllm_sentinel.collectors.timefmt import iso_precise
 
@@ -31,6 +33,9 @@ QUEUE_MAX = 64  # batches waiting to be sent; beyond that the oldest are dropped
 # (url, JSON body, timeout) -> None; raises OSError/HTTPError on failure; injectable for tests
 Post = Callable[[str, bytes, float], None]
 Count = Callable[[str, str, int], None]  # (alertmanager URL, result: sent | failed | dropped, alerts)
+Rank = Callable[[Any, Incident, int], RankedFixes]  # (a store reader, the incident, now ms) -> its ranked fixes
+Gate = Callable[[str, bool], bool]  # (work, retry) -> may optional work run now (the CPU budget)
+SATURATED = "the host was saturated; the next resend tries again"
 
 
 class AlertmanagerError(ValueError):
@@ -52,17 +57,15 @@ def http_post(url: str, body: bytes, timeout_s: float) -> None:
         resp.read(4096)
 
 
-def to_alert(inc: Incident, now_ms: int, valid_ms: int, generator_url: str = "") -> dict:
-    """One PostableAlert: the rule name as alertname, the incident's labels, annotations with its id and fix."""
+def to_alert(inc: Incident, now_ms: int, valid_ms: int, generator_url: str = "",
+             fix_notes: dict[str, str] | None = None) -> dict:
+    """One PostableAlert: the rule name as alertname, the incident's labels, annotations with its id and fix
+    (`fix_notes`: the ranked fix's annotations; None: the first fix in the rule's order)."""
     labels = {"alertname": inc.rule.name, **{k: str(v) for k, v in inc.labels.items() if k != "__name__"}}
     annotations = {k: str(v) for k, v in inc.annotations.items()}
     annotations["incident_id"] = inc.id
     annotations["report"] = f"vllm-sentinel report {inc.id}"
-    fix = next((f for f in inc.fixes if f.get("suggested") not in (None, "")), None)
-    if fix is not None:
-        current = fix.get("current")
-        annotations["fix"] = (f"{fix.get('param')} {current} -> {fix.get('suggested')}" if current not in (None, "")
-                              else f"{fix.get('param')} {fix.get('suggested')}")
+    annotations.update(fix_annotations(inc.fixes, None) if fix_notes is None else fix_notes)
     end_ms = inc.end_ms if inc.end_ms is not None else now_ms + valid_ms
     alert = {"labels": labels, "annotations": annotations, "startsAt": iso_precise(inc.start_ms),
              "endsAt": iso_precise(end_ms)}
@@ -77,12 +80,23 @@ class _Sent:
     last_sent_ms: int
 
 
+@dataclass
+class _Batch:
+    """Alerts due at one evaluation; the sender's thread ranks the incidents new to it and rewrites their fix."""
+
+    alerts: list[dict]
+    now_ms: int
+    to_rank: list[Incident] = field(default_factory=list)  # copies: the evaluator goes on changing its own
+    reader: Any = None  # a store view opened on the evaluation's thread, for the ranking
+
+
 class AlertmanagerNotifier:
-    """After each evaluation, queue the alerts that are due; a thread posts them to every Alertmanager."""
+    """After each evaluation, queue the alerts that are due; a thread ranks new incidents' fixes (with `rank`,
+    where `gate` allows) and posts them to every Alertmanager."""
 
     def __init__(self, urls: Iterable[str], *, resend_s: float = RESEND_S, eval_interval_s: float = 5.0,
                  timeout_s: float = 10.0, post: Post = http_post, count: Count | None = None,
-                 generator_url: str = "") -> None:
+                 generator_url: str = "", rank: Rank | None = None, gate: Gate | None = None) -> None:
         self.urls = [alerts_url(u) for u in urls]
         self.resend_ms = int(resend_s * 1000)
         # as Prometheus: valid for 4 x max(evaluation interval, resend delay)
@@ -91,56 +105,104 @@ class AlertmanagerNotifier:
         self.post = post
         self.count = count or (lambda url, result, n: None)
         self.generator_url = generator_url
+        self.rank, self.gate = rank, gate
+        self._ranked: dict[str, RankedFixes] = {}  # incident id -> its fixes as the model ranked them
+        self._ranking: set[str] = set()  # queued for ranking, not ranked yet
         self._firing: dict[str, _Sent] = {}
         self._resolved: dict[str, _Sent] = {}
-        self._queue: queue.Queue[list[dict] | None] = queue.Queue(maxsize=QUEUE_MAX)
+        self._queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=QUEUE_MAX)
         self.status: dict[str, dict] = {u: {"sent": 0, "failed": 0, "dropped": 0, "last_error": None} for u in self.urls}
         self._thread = threading.Thread(target=self._run, daemon=True, name="alertmanager")
         self._thread.start()
 
-    def after_evaluation(self, now_ms: int, firing: Iterable[Incident], resolved: Iterable[Incident]) -> None:
-        """Queue what is due at `now_ms`: new and resend-due firing incidents, new and retained resolved ones."""
-        due: list[dict] = []
+    def after_evaluation(self, now_ms: int, firing: Iterable[Incident], resolved: Iterable[Incident],
+                         reader: Callable[[], Any] | None = None) -> None:
+        """Queue what is due at `now_ms`: new and resend-due firing incidents, new and retained resolved ones.
+        `reader()` opens a store view for ranking the fixes of firing incidents not ranked yet."""
+        due: list[Incident] = []
         firing_now = {inc.id: inc for inc in firing}
         for iid, inc in firing_now.items():
             sent = self._firing.get(iid)
             if sent is None or now_ms - sent.last_sent_ms >= self.resend_ms:
-                due.append(to_alert(inc, now_ms, self.valid_ms, self.generator_url))
+                due.append(inc)
                 self._firing[iid] = _Sent(inc, now_ms)
         for inc in resolved:
             self._firing.pop(inc.id, None)
-            due.append(to_alert(inc, now_ms, self.valid_ms, self.generator_url))
+            due.append(inc)
             self._resolved[inc.id] = _Sent(inc, now_ms)
         for iid, sent in list(self._resolved.items()):
             end = sent.incident.end_ms or now_ms
             if now_ms - end > RESOLVED_RESEND_MS:
                 del self._resolved[iid]
             elif now_ms - sent.last_sent_ms >= self.resend_ms:
-                due.append(to_alert(sent.incident, now_ms, self.valid_ms, self.generator_url))
+                due.append(sent.incident)
                 sent.last_sent_ms = now_ms
         for iid in [i for i in self._firing if i not in firing_now]:  # gone without a resolve (rule removed)
             del self._firing[iid]
+        for iid in [i for i in list(self._ranked) if i not in self._firing and i not in self._resolved]:
+            self._ranked.pop(iid, None)
         if due:
-            self._enqueue(due)
+            self._enqueue(self._batch(due, now_ms, reader))
 
-    def _enqueue(self, alerts: list[dict]) -> None:
+    def _batch(self, due: list[Incident], now_ms: int, reader: Callable[[], Any] | None) -> _Batch:
+        alerts = [to_alert(inc, now_ms, self.valid_ms, self.generator_url, self._notes(inc)) for inc in due]
+        if self.rank is None or reader is None:
+            return _Batch(alerts, now_ms)
+        new = [inc for inc in due if inc.end_ms is None and inc.fixes
+               and inc.id not in self._ranked and inc.id not in self._ranking]
+        if not new or (self.gate is not None and not self.gate("alert fix ranking", False)):
+            return _Batch(alerts, now_ms)
+        self._ranking.update(inc.id for inc in new)
+        return _Batch(alerts, now_ms, [replace(inc, fixes=[dict(f) for f in inc.fixes]) for inc in new], reader())
+
+    def _notes(self, inc: Incident) -> dict[str, str] | None:
+        ranked = self._ranked.get(inc.id)
+        if ranked is not None:
+            return fix_annotations(*ranked)
+        if self.rank is None:
+            return None
+        return fix_annotations(inc.fixes, None, "" if inc.end_ms is not None else SATURATED)
+
+    def _enqueue(self, batch: _Batch) -> None:
         try:
-            self._queue.put_nowait(alerts)
+            self._queue.put_nowait(batch)
         except queue.Full:  # Alertmanager is slower than the rules: drop the oldest batch, keep the newest
             try:
                 dropped = self._queue.get_nowait()
-                for url in self.urls:
-                    self.status[url]["dropped"] += len(dropped or [])
-                    self.count(url, "dropped", len(dropped or []))
+                if dropped is not None:
+                    self._ranking.difference_update(inc.id for inc in dropped.to_rank)
+                    for url in self.urls:
+                        self.status[url]["dropped"] += len(dropped.alerts)
+                        self.count(url, "dropped", len(dropped.alerts))
             except queue.Empty:
                 pass
-            self._queue.put_nowait(alerts)
+            self._queue.put_nowait(batch)
+
+    def _rank(self, batch: _Batch) -> None:
+        """Rank the batch's new incidents, then lead their alerts with the ranked fix."""
+        for inc in batch.to_rank:
+            try:
+                self._ranked[inc.id] = self.rank(batch.reader, inc, batch.now_ms)  # type: ignore[misc]
+            except Exception as exc:  # the alert goes out in the rule's order rather than not at all
+                log.warning("could not rank the fixes of incident %s: %s", inc.id, exc)
+                self._ranked[inc.id] = (inc.fixes, {"withheld": f"the model failed: {exc}"})
+            finally:
+                self._ranking.discard(inc.id)
+        for alert in batch.alerts:
+            ranked = self._ranked.get(alert["annotations"]["incident_id"])
+            if ranked is not None:
+                notes = alert["annotations"]
+                for key in [k for k in notes if k.startswith("fix")]:
+                    del notes[key]
+                notes.update(fix_annotations(*ranked))
 
     def _run(self) -> None:
         while True:
-            alerts = self._queue.get()
-            if alerts is None:
+            batch = self._queue.get()
+            if batch is None:
                 return
+            self._rank(batch)
+            alerts = batch.alerts
             body = json.dumps(alerts).encode()
             for url in self.urls:
                 try:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.alerts.ruleparams import ParamOverrides, load_params_file
+from vllm_sentinel.agent.daemon.alert_fixes import rank_for_alert
 from vllm_sentinel.agent.daemon.alertmanager import AlertmanagerNotifier, alerts_url
 from vllm_sentinel.agent.daemon.autoreport import AutoReporter
 from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET, CpuBudget
@@ -21,6 +22,7 @@ from vllm_sentinel.agent.daemon.sidecar import Sidecar, SidecarConfig
 from vllm_sentinel.agent.daemon.targets import RELOAD_CHECK_S, TargetSet
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.captures import IncidentCapturer
+from vllm_sentinel.agent.diagnosis.fix_ranking import pack_objectives
 from vllm_sentinel.agent.diagnosis.incidents import Evaluator
 from vllm_sentinel.agent.diagnosis.replica_signal import ReplicaNeed, current_replicas, desired_replicas
 from vllm_sentinel.agent.diagnosis.diagnose import WindowEvaluator
@@ -106,7 +108,10 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
     reporter = AutoReporter(options.reports_dir or options.db.with_name(options.db.name + ".reports"), pack,
                             gate=budget.allow)
     capturer = IncidentCapturer(processes, profiler_s=options.vllm_profiler_s, gate=budget.allow)
-    notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s)
+    objectives = pack_objectives(pack)
+    notifier = (AlertmanagerNotifier(options.alertmanagers, eval_interval_s=options.eval_interval_s,
+                                     rank=lambda reader, inc, now: rank_for_alert(reader, inc, now, objectives),
+                                     gate=budget.allow)
                 if options.alertmanagers else None)
 
     def evaluate(s: Store, now: int) -> dict:
@@ -118,7 +123,8 @@ def build_sidecar(options: DaemonOptions) -> Sidecar:
             capturer.after_evaluation(s, result, opened)
         if notifier is not None:
             resolved = set(result.get("resolved", []))
-            notifier.after_evaluation(now, evaluator.open.values(), [i for i in before.values() if i.id in resolved])
+            notifier.after_evaluation(now, evaluator.open.values(), [i for i in before.values() if i.id in resolved],
+                                      reader=s.reader)
         reporter.after_evaluation(s, result, now)
         result["desired_replicas"] = _desired_replicas(evaluator, now)
         return result

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
-from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata
 from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -19,11 +19,11 @@ from vllm_sentinel.reports.compare_view import VERDICT_STYLE, compare_charts, co
 
 
 @pytest.fixture(scope="module")
-def doc(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def doc(recorded_db: tuple) -> dict:
     """compare over the recorded real session: queue_blocking before, kv_cache_pressure after."""
     phases = {s["name"]: (s["start_ms"], s["end_ms"]) for s in load_metadata(default_recording())["scenarios"]}
-    with Store.open(tmp_path_factory.mktemp("view") / "s.duckdb") as store:
-        first, last = replay_into(store, default_recording())
+    path, first, last = recorded_db
+    with Store.open(path, read_only=True) as store:
         return compare(store_source(store, pack_window_evaluator(load_pack())),
                        CompareRequest((first, last), before=phases["queue_blocking"], after=phases["kv_cache_pressure"]))
 

@@ -230,3 +230,81 @@ def test_the_daemon_sends_a_firing_incident_and_its_resolution_to_a_real_alertma
     with Store.open(db, read_only=True) as s:
         state = s.con.execute("SELECT state FROM incidents WHERE id = ?", [iid]).fetchone()
     assert state == ("resolved",)
+
+
+def two_fix_incident() -> Incident:
+    inc = incident()
+    inc.fixes = [{"param": "--max-num-seqs", "current": "4", "suggested": "1", "why": "..."},
+                 {"param": "--num-gpu-blocks-override", "current": "8", "suggested": "16", "why": "..."}]
+    return inc
+
+
+def test_alerts_lead_with_the_fix_the_model_ranks_first_ranked_once_per_incident():
+    calls: list[str] = []
+
+    def rank(reader, inc, now_ms):
+        calls.append(reader)
+        first, second = inc.fixes
+        return ([{**second, "rank": 1, "predicted": {"ttft_p95_s": 1.84, "goodput_rps": 6.46, "throughput_tps": 1587.0,
+                                                       "preemptions_per_s": 0.0, "trade": None}},
+                 {**first, "rank": 2, "predicted": {"ttft_p95_s": 9.1, "goodput_rps": 0.4, "throughput_tps": 700.0,
+                                                    "preemptions_per_s": 0.0,
+                                                    "trade": "preemptions/s 4.7 → 0 bought with TTFT p95 2.4 → 9.1"}}],
+                {"withheld": None, "calibration_error": {"ttft_p95_s": 0.02, "preemptions_per_s": 0.13}})
+    rec = Recorder()
+    n = am.AlertmanagerNotifier(["http://am:9093"], resend_s=60, post=rec, rank=rank)
+    inc = two_fix_incident()
+    n.after_evaluation(T0, [inc], [], reader=lambda: "reader@T0")
+    n.after_evaluation(T0 + 60_000, [inc], [], reader=lambda: "reader@T1")  # the resend: ranked already
+    n.close()
+    first, resent = [b[0]["annotations"] for b in rec.batches]
+    assert first["fix"] == "--num-gpu-blocks-override 8 -> 16"  # not the rule's first, which shrinks the batch
+    assert first["fix_predicted"] == "TTFT p95 1.84 s, goodput 6.46 req/s, tokens/s 1,587, preemptions/s 0"
+    assert first["fix_ranking"] == ("ranked 1 of 2 by predicted goodput under the SLO "
+                                    "(model error up to 13% on this incident's history)")
+    assert "fix_trade" not in first and resent == first
+    assert calls == ["reader@T0"]
+
+
+def test_an_alert_is_never_held_for_the_model():
+    rec = Recorder()
+    busy = am.AlertmanagerNotifier(["http://am:9093"], post=rec, rank=lambda *a: pytest.fail("ranked while saturated"),
+                                   gate=lambda work, retry: False)
+    busy.after_evaluation(T0, [two_fix_incident()], [], reader=lambda: None)
+    busy.close()
+    notes = rec.batches[0][0]["annotations"]
+    assert notes["fix"] == "--max-num-seqs 4 -> 1" and notes["fix_ranking"].startswith("not ranked: the host was saturated")
+
+    def broken(reader, inc, now_ms):
+        raise RuntimeError("no samples")
+    rec = Recorder()
+    failing = am.AlertmanagerNotifier(["http://am:9093"], post=rec, rank=broken)
+    failing.after_evaluation(T0, [two_fix_incident()], [], reader=lambda: None)
+    failing.close()
+    notes = rec.batches[0][0]["annotations"]
+    assert notes["fix"] == "--max-num-seqs 4 -> 1"
+    assert notes["fix_ranking"] == "in the rule's order: the model withheld its predictions (the model failed: no samples)"
+
+
+def test_the_daemons_ranking_of_a_recorded_kv_incident_matches_diagnose(recorded_db: tuple):
+    """rank_for_alert on the recorded real session: the memory lever first, as diagnose and reports rank it."""
+    from vllm_sentinel.agent.daemon.alert_fixes import fix_annotations, rank_for_alert
+    from vllm_sentinel.agent.diagnosis.diagnose import diagnose
+    from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives
+    from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
+    from vllm_sentinel.agent.alerts.rulepack import load_pack
+    from vllm_sentinel.agent.store.db import Store
+    from vllm_sentinel.collectors.timefmt import parse_rfc3339_ms
+
+    path, first, last = recorded_db
+    with Store.open(path, read_only=True) as store:
+        doc = diagnose(store, first - 1, last, evaluate_window=pack_window_evaluator(load_pack()))
+        kv = next(i for i in doc["incidents"] if i["incident"] == "kv_cache_pressure")
+        inc = Incident(RULE, {"incident": "kv_cache_pressure", "instance": kv["instance"]}, parse_rfc3339_ms(kv["start"]),
+                       parse_rfc3339_ms(kv["end"]) if kv.get("end") else None)
+        inc.fixes = [{k: v for k, v in f.items() if k not in ("predicted", "rank")} for f in reversed(kv["fixes"])]
+        fixes, model = rank_for_alert(store.reader(), inc, last, Objectives())
+    assert [f["param"] for f in fixes] == [f["param"] for f in kv["fixes"]]
+    notes = fix_annotations(fixes, model)
+    assert notes["fix"].startswith("--num-gpu-blocks-override 8 -> ")
+    assert notes["fix_ranking"].startswith("ranked 1 of ") and "goodput" in notes["fix_predicted"]

@@ -24,7 +24,7 @@ import pytest
 from tests.agent.diagnosis.test_change_points import INSTANCE as DUMPED
 from tests.agent.diagnosis.test_change_points import SCRAPE_MS, T0, Dump, Phase, dump, loaded, user_case
 from vllm_sentinel.agent.alerts.rulepack import load_pack
-from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata
 from vllm_sentinel.agent.diagnosis import liveconfig
 from vllm_sentinel.agent.diagnosis.compare import CompareError, CompareRequest, NoChangeFound, compare, decide
 from vllm_sentinel.agent.diagnosis.compare_slo import bound_under, share_under
@@ -41,13 +41,11 @@ CANARY = "canary:8000"
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def session(recorded_db: tuple) -> dict:
     """The recorded session in a DuckDB file, its phases, and its instance."""
     meta = load_metadata(default_recording())
-    path = tmp_path_factory.mktemp("compare") / "session.duckdb"
+    path, first, last = recorded_db
     instance = meta["config_snapshots"][0]["instance"]
-    with Store.open(path) as store:
-        first, last = replay_into(store, default_recording())
     phases = {s["name"]: (s["start_ms"], s["end_ms"]) for s in meta["scenarios"]}
     return {"path": path, "phases": phases, "instance": instance, "span": (first - 1, last)}
 

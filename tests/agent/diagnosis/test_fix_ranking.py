@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_sentinel.agent.demo.replay import default_recording, replay_into
 from vllm_sentinel.agent.diagnosis.diagnose import diagnose
 from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives, pack_objectives, scenario_of, trade
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -13,10 +12,8 @@ from vllm_sentinel.agent.store.db import Store
 
 
 @pytest.fixture(scope="module")
-def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    path = tmp_path_factory.mktemp("ranking") / "session.duckdb"
-    with Store.open(path) as store:
-        first, last = replay_into(store, default_recording())
+def diagnosed(recorded_db: tuple) -> dict:
+    path, first, last = recorded_db
     with Store.open(path, read_only=True) as store:
         return diagnose(store, first - 1, last, evaluate_window=pack_window_evaluator(load_pack()))
 
@@ -57,14 +54,12 @@ def test_scenarios_trades_and_objectives() -> None:
     assert pack_objectives(load_pack()) == Objectives(2.0, 0.1) == pack_objectives(None)
 
 
-def test_a_stored_incidents_report_ranks_its_fixes_and_shows_the_trade(tmp_path) -> None:
+def test_a_stored_incidents_report_ranks_its_fixes_and_shows_the_trade(recorded_db: tuple) -> None:
     """A report of a stored incident (no diagnose before it) predicts and ranks its fixes itself."""
     from vllm_sentinel.reports.assemble import assemble_incident
     from vllm_sentinel.reports.markdown import render_markdown
 
-    path = tmp_path / "session.duckdb"
-    with Store.open(path) as store:
-        first, last = replay_into(store, default_recording())
+    path, first, last = recorded_db
     with Store.open(path, read_only=True) as store:
         doc = diagnose(store, first - 1, last, evaluate_window=pack_window_evaluator(load_pack()))
         kv = next(i for i in doc["incidents"] if i["incident"] == "kv_cache_pressure")

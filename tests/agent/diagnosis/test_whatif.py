@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from vllm_sentinel.agent.daemon.routes import daemon_route_whatif
-from vllm_sentinel.agent.demo.replay import default_recording, load_metadata, replay_into
+from vllm_sentinel.agent.demo.replay import default_recording, load_metadata
 from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, Unrepresentable, engine_config,
                                                          fit_length, relative_error)
 from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig, SimRequest
@@ -31,12 +31,10 @@ LIVE = {"kv_bytes_per_token": 2048, "cache_dtype": "auto", "model_dtype": "bfloa
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def session(recorded_db: tuple) -> dict:
     """The recorded session in a DuckDB file and its scenarios' windows (the first 20 s of each left out)."""
     meta = load_metadata(default_recording())
-    path = tmp_path_factory.mktemp("whatif") / "session.duckdb"
-    with Store.open(path) as store:
-        replay_into(store, default_recording())
+    path = recorded_db[0]
     phases = {s["name"]: (s["start_ms"] + 20_000, s["end_ms"]) for s in meta["scenarios"]}
     return {"path": path, "phases": phases, "instance": meta["instance"]}
 
