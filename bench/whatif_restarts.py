@@ -69,19 +69,23 @@ def table(report: TrialsReport) -> str:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.0%}"
 
+    # frontend s: the API server's hold on each request past vLLM's e2e (a starved frontend the model leaves out);
+    # clients s: the mean latency the load's clients saw
     head = f"{'trial':34} {'rank':>4} {'TTFT p95 pred/meas (err)':>28} {'tokens/s pred/meas (err)':>28} " \
-           f"{'goodput pred/meas':>18}  verdict"
+           f"{'goodput pred/meas':>18} {'frontend s':>10} {'clients s':>9}  verdict"
     lines = [head]
     m = report.baseline_measured
     lines.append(f"{'as configured (measured)':34} {'':>4} {n(m.get('ttft_p95_s')):>28} "
-                 f"{n(m.get('generation_tokens_per_s')):>28} {n(report.baseline_goodput_rps):>18}")
+                 f"{n(m.get('generation_tokens_per_s')):>28} {n(report.baseline_goodput_rps):>18} "
+                 f"{n(m.get('frontend_s')):>10}")
     for o in report.outcomes:
         p = o.predicted or {}
         ttft = f"{n(p.get('ttft_p95_s'))}/{n(o.measured.get('ttft_p95_s'))} ({pct(o.error.get('ttft_p95_s'))})"
         tps = f"{n(p.get('throughput_tps'))}/{n(o.measured.get('generation_tokens_per_s'))} " \
               f"({pct(o.error.get('generation_tokens_per_s'))})"
         good = f"{n(p.get('goodput_rps'))}/{n(o.goodput_rps)}"
-        lines.append(f"{o.trial.label:34} {n(o.rank):>4} {ttft:>28} {tps:>28} {good:>18}  {o.verdict}")
+        lines.append(f"{o.trial.label:34} {n(o.rank):>4} {ttft:>28} {tps:>28} {good:>18} "
+                     f"{n(o.measured.get('frontend_s')):>10} {n(o.clients.get('mean_latency_s')):>9}  {o.verdict}")
     return "\n".join(lines)
 
 

@@ -35,6 +35,19 @@ def headline(doc: dict) -> str:
             f"prompts {load['prompt_tokens_mean']:g} and outputs {load['output_tokens_mean']:g} tokens on average")
 
 
+FRONTEND_NOTE_S = 0.2  # a frontend holding requests this long on average is said beside the calibration
+
+
+def frontend_note(doc: dict) -> str | None:
+    """The line that says the API server held requests outside vLLM's e2e, which the model leaves out."""
+    held = doc["workload"].get("frontend_s")
+    if held is None or held < FRONTEND_NOTE_S:
+        return None
+    return (f"the API server held each generation request {held:.2g} s on average before or after the engine "
+            "(its HTTP handler's time minus vLLM's e2e): a CPU-starved frontend, which the model leaves out; "
+            "its latencies are the engine's")
+
+
 def objectives_line(doc: dict) -> str:
     """'objectives: TTFT p95 2 s, TPOT p95 0.1 s (...)'."""
     o = doc["objectives"]
@@ -56,6 +69,9 @@ def render_whatif(console: Console, doc: dict) -> None:
     console.print(escape(f"step time: {cal['step_time']['base_s'] * 1000:.3g} ms + "
                          f"{cal['step_time']['per_token_s'] * 1e6:.3g} µs per token, from {cal['step_time']['fitted_from']}"),
                   highlight=False)
+    note = frontend_note(doc)
+    if note:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     if doc["withheld"]:
         console.print(f"[bold yellow]predictions withheld:[/] {escape(doc['withheld'])}", highlight=False)
         return
@@ -81,6 +97,9 @@ def whatif_markdown(doc: dict) -> str:
         lines.append(f"| {label} | {fmt_number(cal['measured'].get(key))} | {fmt_number(cal['modelled'].get(key))} | "
                      f"{_pct(cal['error'].get(key))} |")
     lines.append("")
+    note = frontend_note(doc)
+    if note:
+        lines += [f"Note: {escape_md(note)}", ""]
     if doc["withheld"]:
         lines += [f"**Predictions withheld:** {escape_md(doc['withheld'])}", ""]
         return "\n".join(lines)

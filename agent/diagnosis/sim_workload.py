@@ -22,6 +22,7 @@ import numpy as np
 from vllm_sentinel.agent.diagnosis.capacity_bins import Bin, Families, Tally, merged, read_bins, read_span
 from vllm_sentinel.agent.diagnosis.sim_scheduler import SimRequest
 
+GENERATION_HANDLERS = "/v1/completions|/v1/chat/completions|/v1/responses"
 FAMILIES = Families(
     counters={"requests": "vllm:request_success_total", "prompt_tokens": "vllm:prompt_tokens_total",
               "generation_tokens": "vllm:generation_tokens_total", "preemptions": "vllm:num_preemptions_total",
@@ -33,7 +34,10 @@ FAMILIES = Families(
               "e2e_sum": "vllm:e2e_request_latency_seconds_sum", "e2e_count": "vllm:e2e_request_latency_seconds_count",
               "prefill_sum": "vllm:request_prefill_time_seconds_sum",
               "prefill_count": "vllm:request_prefill_time_seconds_count",
-              "prefix_hits": "vllm:prefix_cache_hits_total", "prefix_queries": "vllm:prefix_cache_queries_total"},
+              "prefix_hits": "vllm:prefix_cache_hits_total", "prefix_queries": "vllm:prefix_cache_queries_total",
+              # the API server's own timing of generation requests: past vLLM's e2e, time spent in its frontend
+              "http_sum": f"http_request_duration_seconds_sum{{handler=~\"{GENERATION_HANDLERS}\"}}",
+              "http_count": f"http_request_duration_seconds_count{{handler=~\"{GENERATION_HANDLERS}\"}}"},
     gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"},
     histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
                 "queue": "vllm:request_queue_time_seconds", "e2e": "vllm:e2e_request_latency_seconds",
@@ -141,7 +145,16 @@ class Measured:
         return {"ttft_p95_s": self.quantile("ttft", 0.95), "itl_p95_s": self.quantile("itl", 0.95),
                 "queue_p95_s": self.quantile("queue", 0.95), "e2e_p95_s": self.quantile("e2e", 0.95),
                 "preemptions_per_s": self.rate("preemptions"), "requests_per_s": self.rate("requests"),
-                "generation_tokens_per_s": self.rate("generation_tokens")}
+                "generation_tokens_per_s": self.rate("generation_tokens"), "frontend_s": self.frontend_s()}
+
+    def frontend_s(self) -> float | None:
+        """Mean seconds a generation request spent in the API server outside vLLM's e2e latency (the HTTP handler's
+        duration minus e2e): near 0 while the engine is the bottleneck; seconds when a CPU-starved frontend holds
+        requests before the engine sees them, which the model (clients feeding the scheduler) leaves out."""
+        inc = self.tally.increases
+        if not inc.get("http_count") or not inc.get("e2e_count"):
+            return None
+        return max(0.0, inc["http_sum"] / inc["http_count"] - inc["e2e_sum"] / inc["e2e_count"])
 
 
 @dataclass
@@ -191,7 +204,8 @@ class Workload:
                 "requests": round(self.measured.tally.requests, 1),
                 "arrival_rate_rps": round(sum(self.arrivals) / self.seconds, 4) if self.seconds else None,
                 "prompt_tokens_mean": round(self.prompt.mean, 1), "output_tokens_mean": round(self.output.mean, 1),
-                "prefix_cache_hit_rate": round(self.prefix_hit_rate, 4)}
+                "prefix_cache_hit_rate": round(self.prefix_hit_rate, 4),
+                "frontend_s": _rounded(self.measured.frontend_s())}
 
 
 def read_workload(engine: object, instance: str | None, start_ms: int, end_ms: int, bin_ms: int = 10_000) -> Workload:
@@ -224,6 +238,10 @@ def read_workload(engine: object, instance: str | None, start_ms: int, end_ms: i
     bin_s = bin_ms / 1000
     return Workload(instance, bins[0].end_ms - bin_ms, bins[-1].end_ms, bin_s, _arrivals(bins), _clients(bins),
                     prompt, output, hit_rate, Measured(tally.seconds, tally), bins)
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
 
 
 def _mean(inc: dict[str, float], total: str, count: str) -> float:

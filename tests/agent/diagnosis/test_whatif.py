@@ -54,6 +54,7 @@ def test_the_workload_is_read_back_from_the_counters(session: dict) -> None:
     assert w.clients is not None and 10 <= w.clients <= 14
     assert w.prompt.mean == pytest.approx(204, abs=5) and w.output.mean == pytest.approx(200, abs=1)
     assert w.measured.rate("preemptions") > 3
+    assert w.measured.frontend_s() is None  # the recording keeps vLLM's own families, not the API server's http_*
     requests = w.requests(seed=1)
     assert all(r.arrival_s == 0 for r in requests) and len(requests) >= w.measured.tally.requests
     # the light healthy load arrived on its own: an open loop, arrivals per bin as completions
@@ -219,3 +220,22 @@ def test_goodput_is_predicted_as_compare_will_read_it(session: dict) -> None:
     measured = m.rate("requests") * share
     predicted = doc["scenarios"][0]["predicted"]["goodput_rps"]
     assert math.isclose(predicted, measured, rel_tol=CALIBRATION_BOUND, abs_tol=0.1), (predicted, measured)
+
+
+def test_a_starved_frontend_is_measured_and_said_beside_the_calibration() -> None:
+    """The API server's handler mean past vLLM's e2e mean: 12 clients' requests waited in a CPU-starved frontend
+    (bench/whatif_restarts.py, --max-num-batched-tokens 128: handler 2.04 s, e2e 1.08 s, the clients 3.92 s)."""
+    from vllm_sentinel.agent.diagnosis.capacity_bins import Bin
+    from vllm_sentinel.agent.diagnosis.sim_workload import Measured
+    from vllm_sentinel.reports.whatif_view import frontend_note, whatif_markdown
+
+    tally = Bin(seconds=40, instance="a", end_ms=0,
+                increases={"http_sum": 220.3, "http_count": 108.0, "e2e_sum": 116.6, "e2e_count": 108.0})
+    assert Measured(40, tally).frontend_s() == pytest.approx(0.96, abs=0.01)
+    assert Measured(40, Bin(seconds=40, instance="a", end_ms=0, increases={"e2e_sum": 1, "e2e_count": 1})).frontend_s() is None
+    doc = {"window": {"start": "s", "end": "e"}, "instance": "a", "objectives": {"ttft_p95_s": 2, "tpot_p95_s": 0.1,
+           "source": "default"}, "workload": {"requests": 108, "mode": "closed loop", "clients": 4,
+           "prompt_tokens_mean": 204, "output_tokens_mean": 200, "frontend_s": 0.96},
+           "calibration": {"measured": {}, "modelled": {}, "error": {}}, "withheld": "too short", "scenarios": []}
+    assert "held each generation request 0.96 s" in whatif_markdown(doc)
+    assert frontend_note({**doc, "workload": {**doc["workload"], "frontend_s": 0.01}}) is None
