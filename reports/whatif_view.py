@@ -48,6 +48,11 @@ def frontend_note(doc: dict) -> str | None:
             "its latencies are the engine's")
 
 
+def notes(doc: dict) -> list[str]:
+    """The calibration's notes, then the frontend's."""
+    return doc["calibration"].get("notes", []) + [n for n in (frontend_note(doc),) if n]
+
+
 def objectives_line(doc: dict) -> str:
     """'objectives: TTFT p95 2 s, TPOT p95 0.1 s (...)'."""
     o = doc["objectives"]
@@ -69,8 +74,7 @@ def render_whatif(console: Console, doc: dict) -> None:
     console.print(escape(f"step time: {cal['step_time']['base_s'] * 1000:.3g} ms + "
                          f"{cal['step_time']['per_token_s'] * 1e6:.3g} µs per token, from {cal['step_time']['fitted_from']}"),
                   highlight=False)
-    note = frontend_note(doc)
-    if note:
+    for note in notes(doc):
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     if doc["withheld"]:
         console.print(f"[bold yellow]predictions withheld:[/] {escape(doc['withheld'])}", highlight=False)
@@ -97,8 +101,7 @@ def whatif_markdown(doc: dict) -> str:
         lines.append(f"| {label} | {fmt_number(cal['measured'].get(key))} | {fmt_number(cal['modelled'].get(key))} | "
                      f"{_pct(cal['error'].get(key))} |")
     lines.append("")
-    note = frontend_note(doc)
-    if note:
+    for note in notes(doc):
         lines += [f"Note: {escape_md(note)}", ""]
     if doc["withheld"]:
         lines += [f"**Predictions withheld:** {escape_md(doc['withheld'])}", ""]

@@ -239,3 +239,20 @@ def test_a_starved_frontend_is_measured_and_said_beside_the_calibration() -> Non
            "calibration": {"measured": {}, "modelled": {}, "error": {}}, "withheld": "too short", "scenarios": []}
     assert "held each generation request 0.96 s" in whatif_markdown(doc)
     assert frontend_note({**doc, "workload": {**doc["workload"], "frontend_s": 0.01}}) is None
+
+
+def test_a_latency_p95_inside_the_measured_p90_p99_passes_as_close_as_the_buckets_tell() -> None:
+    from vllm_sentinel.agent.diagnosis.capacity_bins import Bin
+    from vllm_sentinel.agent.diagnosis.sim_calibrate import judge
+    from vllm_sentinel.agent.diagnosis.sim_workload import Measured
+
+    # 80 requests under 1 s, 13 in (1, 2.5], 7 in (2.5, 5]: p90 2.15 s, p95 3.21 s, p99 4.64 s
+    measured = Measured(60, Bin(seconds=60, instance="a", end_ms=0,
+                                buckets={"ttft": {1.0: 80, 2.5: 93, 5.0: 100, float("inf"): 100}}))
+    assert measured.quantile("ttft", 0.95) == pytest.approx(3.214, abs=0.01)
+    over, notes = judge({"ttft_p95_s": relative_error(2.2, 3.214, 0.05), "preemptions_per_s": 0.1},
+                        {"ttft_p95_s": 2.2}, measured)
+    assert over == [] and len(notes) == 1 and "inside its p90..p99 (2.15..4.64)" in notes[0]
+    over, notes = judge({"ttft_p95_s": relative_error(1.9, 3.214, 0.05), "preemptions_per_s": 0.45},
+                        {"ttft_p95_s": 1.9}, measured)
+    assert [k for k, _e in over] == ["ttft_p95_s", "preemptions_per_s"] and notes == []
