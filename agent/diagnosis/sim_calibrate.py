@@ -84,16 +84,22 @@ def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
         raise Unrepresentable(f"the configuration cannot be modelled: {e}") from None
 
 
-def fit_step_time(workload: Workload) -> tuple[StepTime, str]:
-    """base and per-token seconds of a step from the window (see the module's docstring), and how."""
+def fit_step_time(workload: Workload, recompute_per_preemption: float = 0.0) -> tuple[StepTime, str]:
+    """base and per-token seconds of a step from the window (see the module's docstring), and how.
+
+    vLLM's iteration token counts leave out what a preempted request computes again (its prompt and the
+    output it had), so `recompute_per_preemption` tokens are added per measured preemption."""
     inc = workload.measured.tally.increases
     saturated = [b for b in workload.bins if b.gauge_seconds.get("waiting", 0.0) / b.seconds >= SATURATED_WAITING
                  and b.increases.get("steps", 0.0) > 0]
     steps = sum(b.increases["steps"] for b in saturated)
     if steps > 0:
         mean_step = sum(b.seconds for b in saturated) / steps
-        tokens_per_step = sum(b.increases.get("step_tokens", 0.0) for b in saturated) / steps
+        recomputed = recompute_per_preemption * sum(b.increases.get("preemptions", 0.0) for b in saturated)
+        tokens_per_step = (sum(b.increases.get("step_tokens", 0.0) for b in saturated) + recomputed) / steps
         how = f"{len(saturated)} saturated bins ({steps:.0f} steps)"
+        if recomputed:
+            how += f", {recomputed / steps:.2g} recomputed tokens a step"
     elif inc.get("itl_count"):
         mean_step = inc["itl_sum"] / inc["itl_count"]
         running = workload.measured.tally.gauge_seconds.get("running", 0.0) / workload.measured.seconds
@@ -151,9 +157,14 @@ def observed_like(result: SimResult, workload: Workload) -> dict[str, float | No
 def calibrate(workload: Workload, config: EngineConfig, seed: int = 0) -> Calibration:
     """Replay the window with the configuration that ran; its error against the measurement; withheld over the bound."""
     step_time, how = fit_step_time(workload)
+    replay = run_model(workload, config, step_time, seed)
+    if replay.total_preemptions and workload.measured.rate("preemptions") > 0:
+        # the window's recomputation, sized by the replay, is work its steps did that no counter shows
+        step_time, how = fit_step_time(workload, replay.recomputed_tokens / replay.total_preemptions)
+        replay = run_model(workload, config, step_time, seed)
     measured = {k: v for k, v in workload.measured.as_dict().items() if k in JUDGED + ("requests_per_s",)}
     measured["itl_p95_s"] = workload.measured.quantile("itl", 0.95)
-    modelled = observed_like(run_model(workload, config, step_time, seed), workload)
+    modelled = observed_like(replay, workload)
     error = {k: relative_error(modelled.get(k), measured.get(k), ERROR_FLOORS[k]) for k in JUDGED}
     over, notes = judge(error, modelled, workload.measured)
     withheld = None

@@ -42,6 +42,7 @@ class SimResult:
     arrived: int  # requests that arrived within the span, rejected ones included
     generated_tokens: int
     prompt_tokens_served: int  # prompts of the requests that got their first token
+    recomputed_tokens: int = 0  # prompt and output tokens computed again after preemptions
 
     @property
     def num_rejected(self) -> int:
@@ -131,6 +132,7 @@ class SimTally:
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.rejected = np.zeros(n, dtype=bool)
         self.steps = self.total_preemptions = self.generated = self.prompt_served = self.peak_blocks = 0
+        self.recomputed = 0  # tokens computed again after a preemption (vLLM counts them in no metric)
         self.busy_s = 0.0
         self.tokens_per_step: dict[int, int] = {}
         # runs of steps: (the first step's latency, its growth per step, steps, tokens per step)
@@ -170,7 +172,7 @@ class SimTally:
             total_preemptions=self.total_preemptions, steps=self.steps, tokens_per_step=dict(self.tokens_per_step),
             span_s=span_s, busy_s=self.busy_s, peak_blocks=self.peak_blocks,
             arrived=int((arrival < horizon_s).sum()), generated_tokens=self.generated,
-            prompt_tokens_served=self.prompt_served)
+            prompt_tokens_served=self.prompt_served, recomputed_tokens=self.recomputed)
 
 
 def weighted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:

@@ -354,6 +354,8 @@ class _Engine:
                 decodes += 1
             else:
                 prefill += num_new
+                if self.tally.preemptions[seq.idx]:
+                    self.tally.recomputed += num_new
         step = self.st.seconds(prefill, decodes, context)
         end = self.clock + step
         self.tally.peak_blocks = max(self.tally.peak_blocks, self.used)
