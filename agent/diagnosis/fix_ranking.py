@@ -145,12 +145,19 @@ def _brief(p: dict) -> dict:
 
 
 def trade(before: dict, after: dict) -> str | None:
-    """'preemptions/s 2.6 → 0 bought with TTFT p95 4.7 → 73' where a fix buys one headline signal with another."""
+    """'preemptions/s 2.6 → 0 bought with TTFT p95 4.7 → 73' where a fix buys one headline signal with another.
+
+    Where the request rates differ (more replicas serve more of a closed loop), preemptions are compared
+    per request, as `compare` does: five replicas preempting as often per request are not five times worse."""
     better, worse = [], []
+    rates = before.get("requests_per_s"), after.get("requests_per_s")
+    per_request = bool(rates[0] and rates[1]) and abs(_relative(rates[0], rates[1]) or 0.0) >= TRADE_MARGIN
     for key, name, lower in HEADLINE:
         b, a = before.get(key), after.get(key)
         if b is None or a is None:
             continue
+        if key == "preemptions_per_s" and per_request:
+            b, a, name = b / rates[0], a / rates[1], "preemptions per request"  # type: ignore[operator]
         change = _relative(b, a)
         if change is None or abs(change) < TRADE_MARGIN:
             continue

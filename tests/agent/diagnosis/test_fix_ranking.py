@@ -51,6 +51,12 @@ def test_scenarios_trades_and_objectives() -> None:
         "preemptions/s 0.7 → 0 bought with TTFT p95 4.7 → 73"
     assert trade(before, {**before, "preemptions_per_s": 0, "ttft_p95_s": 0.6}) is None  # better all round
     assert trade(before, {**before, "ttft_p95_s": 4.9}) is None  # under 10 %: no change
+    # five replicas of a closed loop (the demo's traffic_burst): five times the requests, as many preemptions each
+    one = {"ttft_p95_s": 2.42, "preemptions_per_s": 4.12, "generation_tokens_per_s": 889, "requests_per_s": 4.4}
+    five = {"ttft_p95_s": 0.152, "preemptions_per_s": 20.6, "generation_tokens_per_s": 4443, "requests_per_s": 22.1}
+    assert trade(one, five) is None
+    assert trade(one, {**five, "preemptions_per_s": 40.0}) == (
+        "TTFT p95 2.42 → 0.152, tokens/s 889 → 4.44e+03 bought with preemptions per request 0.936 → 1.81")
     assert pack_objectives(load_pack()) == Objectives(2.0, 0.1) == pack_objectives(None)
 
 
