@@ -121,14 +121,24 @@ def fit_step_time(workload: Workload, recompute_per_preemption: float = 0.0) -> 
     return StepTime(base, per_token, per_token), how
 
 
+def replica_groups(workload: Workload, rate_factor: float = 1.0, replicas: int = 1) -> list[tuple[int | None, int]]:
+    """(clients of one replica, replicas like it): a closed loop's clients dealt over the replicas (12 over 5: two
+    of 3, three of 2; replicas left without a client are idle and not listed); an open loop's one share."""
+    if workload.clients is None:
+        return [(None, replicas)]
+    each, extra = divmod(max(1, round(workload.clients * rate_factor)), replicas)
+    return [(c, n) for c, n in ((each + 1, extra), (each, replicas - extra)) if c > 0 and n > 0]
+
+
 def run_model(workload: Workload, config: EngineConfig, step_time: StepTime, seed: int = 0,
-              rate_factor: float = 1.0, replicas: int = 1) -> SimResult:
-    """One replica's share of the window's workload (rate scaled, split over replicas) through the model."""
-    clients = None
+              rate_factor: float = 1.0, replicas: int = 1, clients: int | None = None) -> SimResult:
+    """One replica's share of the window's workload (rate scaled, split over replicas) through the model; `clients`:
+    that replica's share of a closed loop (see replica_groups; default the whole loop over the replicas, rounded up)."""
     if workload.clients is not None:
-        clients = max(1, math.ceil(workload.clients * rate_factor / replicas))
+        clients = clients or max(1, math.ceil(workload.clients * rate_factor / replicas))
         requests = workload.requests(seed, rate_factor)
     else:
+        clients = None
         requests = workload.requests(seed, rate_factor / replicas)
     # the server accepted every request it served: a length drawn past max_model_len from a wide bucket is cut
     requests = [r if r.prompt_tokens + r.output_tokens <= config.max_model_len else

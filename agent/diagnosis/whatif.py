@@ -13,7 +13,8 @@ from typing import Any
 
 from vllm_sentinel.agent.diagnosis.compare_slo import bound_under
 from vllm_sentinel.agent.diagnosis.metrics_config import metrics_configs
-from vllm_sentinel.agent.diagnosis.sim_calibrate import Unrepresentable, calibrate, engine_config, observed_like, run_model
+from vllm_sentinel.agent.diagnosis.sim_calibrate import (Unrepresentable, calibrate, engine_config, observed_like,
+                                                         replica_groups, run_model)
 from vllm_sentinel.agent.diagnosis.sim_results import SimResult
 from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig
 from vllm_sentinel.agent.diagnosis.sim_workload import Workload, read_workload
@@ -98,6 +99,23 @@ def predicted(result: SimResult, workload: Workload, replicas: int, query: WhatI
     return out
 
 
+RATES = ("preemptions_per_s", "requests_per_s", "generation_tokens_per_s", "goodput_rps", "unfinished", "rejected")
+
+
+def blend(parts: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """All replicas' figures from one replica's per group (figures, replicas like it): rates summed, attainment
+    weighted by requests, latencies those of the busiest group (it holds the tail)."""
+    out = dict(parts[0][0])
+    for key in RATES:
+        values = [(p.get(key), n) for p, n in parts]
+        out[key] = None if any(v is None for v, _n in values) else _r(sum(v * n for v, n in values))
+    served = [((p.get("requests_per_s") or 0.0) * n, p.get("slo_attainment")) for p, n in parts]
+    total = sum(w for w, _a in served)
+    if total and all(a is not None for _w, a in served):
+        out["slo_attainment"] = _r(sum(w * a for w, a in served) / total)
+    return out
+
+
 def objectives_read_at(workload: Workload, query: WhatIfQuery) -> tuple[float, float]:
     """The TTFT and TPOT thresholds goodput is counted at: the largest of vLLM's bucket bounds at or under each
     objective, as `compare` reads the server's histograms (a 2 s objective on buckets ..1, 2.5.. reads at 1 s),
@@ -143,8 +161,10 @@ def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: st
     if calibration.withheld is None:
         for sc in scenarios:
             cfg = EngineConfig(**sc.config)
-            result = run_model(workload, cfg, calibration.step_time, query.seed, sc.rate_factor, sc.replicas)
-            sc.predicted = predicted(result, workload, sc.replicas, query)
+            parts = [(predicted(run_model(workload, cfg, calibration.step_time, query.seed, sc.rate_factor,
+                                          sc.replicas, clients), workload, 1, query), n)
+                     for clients, n in replica_groups(workload, sc.rate_factor, sc.replicas)]
+            sc.predicted = blend(parts)
     return {
         "window": {"start": iso_seconds(workload.start_ms), "end": iso_seconds(workload.end_ms)},
         "source": source, "instance": workload.instance,

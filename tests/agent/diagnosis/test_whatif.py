@@ -256,3 +256,26 @@ def test_a_latency_p95_inside_the_measured_p90_p99_passes_as_close_as_the_bucket
     over, notes = judge({"ttft_p95_s": relative_error(1.9, 3.214, 0.05), "preemptions_per_s": 0.45},
                         {"ttft_p95_s": 1.9}, measured)
     assert [k for k, _e in over] == ["ttft_p95_s", "preemptions_per_s"] and notes == []
+
+
+def test_a_closed_loops_clients_are_dealt_over_replicas_and_idle_replicas_add_nothing(session: dict) -> None:
+    """12 clients over 5 replicas are two replicas of 3 and three of 2 (not 5 of 3: 15 clients); over 24
+    replicas, 12 replicas of 1 and 12 idle, serving what 12 replicas serve."""
+    import dataclasses
+
+    from vllm_sentinel.agent.diagnosis.sim_calibrate import replica_groups
+
+    start, end = session["phases"]["kv_cache_pressure"]
+    with Store.open(session["path"], read_only=True) as store:
+        w = dataclasses.replace(read_workload(Engine(store), None, start, end), clients=12)
+    assert replica_groups(w, 1.0, 5) == [(3, 2), (2, 3)]
+    assert replica_groups(w, 1.0, 24) == [(1, 12)] and replica_groups(w, 1.5, 4) == [(5, 2), (4, 2)]
+    assert replica_groups(dataclasses.replace(w, clients=None), 1.0, 5) == [(None, 5)]
+
+    def served(replicas: int) -> dict:
+        with Store.open(session["path"], read_only=True) as store:
+            q = WhatIfQuery(start, end, None, replicas=replicas)
+            return whatif(Engine(store), store_configs(store, start, end), q)["scenarios"][1]["predicted"]
+    twelve, twenty_four = served(12), served(24)
+    assert twenty_four["requests_per_s"] == pytest.approx(twelve["requests_per_s"], rel=0.02)
+    assert twenty_four["generation_tokens_per_s"] == pytest.approx(twelve["generation_tokens_per_s"], rel=0.02)
