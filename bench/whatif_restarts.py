@@ -12,11 +12,9 @@ then the calibration, the wall time and the peak RSS. Asserts nothing. About 2 m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,32 +24,10 @@ from vllm_sentinel.agent.daemon.cpu_budget import DEFAULT_BUDGET
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
-from vllm_sentinel.agent.demo.traffic import BackgroundTraffic, TrafficResult
+from vllm_sentinel.agent.demo.child_load import run_in_child
 from vllm_sentinel.agent.demo.trials import Trial, TrialsReport, run_trials, sidecar_stored_through
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.alerts.rulepack import load_pack
-
-def load_in_child(name: str, server: VllmServer, hold: float) -> scenarios.ScenarioRun:
-    """The scenario's load sent from a child process: client threads beside the sidecar would share its GIL."""
-    run = scenarios.ScenarioRun(name, name, int(time.time() * 1000))
-    run.mark("load")
-    res = subprocess.run([sys.executable, __file__, "--client", server.url, server.model_name, name, str(hold)],
-                         capture_output=True, text=True, timeout=hold + 300, check=True)
-    run.traffic = TrafficResult(**json.loads(res.stdout))
-    run.mark("settle")
-    time.sleep(scenarios.SETTLE_S)
-    run.end_ms = int(time.time() * 1000)
-    return run
-
-
-def client(url: str, model: str, name: str, hold: float) -> int:
-    """--client mode: run one scenario's traffic plan and print what the clients saw as JSON."""
-    plans = {"kv_cache_pressure": scenarios.kv_pressure_plan, "queue_blocking": scenarios.queue_plan,
-             "healthy": scenarios.healthy_plan}
-    result = BackgroundTraffic(url, model, plans[name](hold)).start().wait(hold + 240)
-    print(json.dumps(dataclasses.asdict(result)))
-    return 0
-
 
 DEFAULT_TRIALS = ("--num-gpu-blocks-override=16", "--max-num-seqs=2", "--max-num-batched-tokens=128")
 
@@ -90,8 +66,6 @@ def table(report: TrialsReport) -> str:
 
 
 def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == "--client":
-        return client(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hold", type=float, default=60.0, help="seconds of load per configuration")
     ap.add_argument("--load", default="kv_cache_pressure", choices=("kv_cache_pressure", "queue_blocking", "healthy"))
@@ -120,7 +94,7 @@ def main() -> int:
         def load(s: VllmServer, hold: float) -> scenarios.ScenarioRun:
             if args.clients_in_process:
                 return scenarios.SCENARIOS[args.load](s, hold)
-            return load_in_child(args.load, s, hold)
+            return run_in_child(args.load, s, hold)
 
         report = run_trials(server, sidecar.store.reader, load,
                             trials, args.hold, load_pack(), say=lambda m: print(m, file=sys.stderr, flush=True),

@@ -14,7 +14,7 @@ from typing import Any
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.demo import scenarios
-from vllm_sentinel.agent.demo.load_cpu import CpuLessLoad
+from vllm_sentinel.agent.demo.child_load import run_in_child
 from vllm_sentinel.agent.demo.progress import Progress
 from vllm_sentinel.agent.demo.replay import run_replay
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
@@ -94,18 +94,18 @@ def run_demo(seconds: int | None = None, workdir: Path | None = None, say: Say =
         sidecar = build_sidecar(DaemonOptions(targets=[server.url], db=db, interval_s=1.0, metrics_port=None,
                                               reports_dir=workdir / "live-reports",
                                               **({"cpu_budget": cpu_budget} if cpu_budget is not None else {})))
-        if sidecar.config.cpu_budget is not None:  # the load's client threads share this process
-            sidecar.config.cpu_budget.measure_with(CpuLessLoad())
         start_ms = int(time.time() * 1000)
         sidecar.start()
         try:
             runs = []
             for name in LIVE_SEQUENCE:
                 progress.begin(name)
-                runs.append(scenarios.SCENARIOS[name](server, float(seconds) if seconds else None, say=say))
+                runs.append(run_in_child(name, server, float(seconds) if seconds else None, say))
                 _said_done(runs[-1], say)
             verified, applied = _apply_fix_and_rerun(server, sidecar, pack, runs[-1], seconds, progress)
             time.sleep(scenarios.SETTLE_S)
+        except scenarios.ScenarioError as e:  # the load's clients could not run: say why, in one line
+            raise DemoError(str(e)) from e
         finally:
             budget = sidecar.config.cpu_budget
             cpu = budget.status() if budget is not None else None
@@ -157,7 +157,7 @@ def _apply_fix_and_rerun(server: VllmServer, sidecar: Any, pack: list, run: scen
     except VllmServerError as e:
         raise DemoError(str(e)) from e
     say.begin("verify")
-    again = scenarios.SCENARIOS[run.name](server, float(seconds) if seconds else None, say=say)
+    again = run_in_child(run.name, server, float(seconds) if seconds else None, say)
     _said_done(again, say)
     return again, fix
 

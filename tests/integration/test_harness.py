@@ -197,3 +197,24 @@ def test_explicit_port_in_use_is_refused_before_starting(tiny_model_dir: Path, t
         with pytest.raises(VllmServerError, match=f"port {port} on 127.0.0.1 is already in use"):
             server.start()
         assert server.pid is None  # nothing was spawned
+
+
+def test_a_scenarios_load_runs_from_a_child_process(vllm_server: VllmServer) -> None:
+    """The demo and the restart bench send their load from a child: the same run record as in-process."""
+    from vllm_sentinel.agent.demo.child_load import run_in_child
+
+    before = scrape(vllm_server)
+    run = run_in_child("healthy", vllm_server, 6)
+    assert run.traffic is not None and run.traffic.ok > 0 and run.traffic.failed == 0, run.traffic
+    assert [name for name, _t in run.phases] == ["load", "settle"] and run.end_ms > run.phase("settle")
+    served = delta(settled_scrape(vllm_server, before, run.traffic), before, "vllm:request_success_total")
+    assert served == run.traffic.ok  # every request the child's clients saw answered, the server counted
+
+
+def test_a_child_load_against_a_stopped_server_is_one_clear_error(tmp_path: Path) -> None:
+    from vllm_sentinel.agent.demo.child_load import run_in_child
+    from vllm_sentinel.agent.demo.scenarios import ScenarioError
+
+    stopped = VllmServer(VllmServerConfig(model_dir=tmp_path), log_path=tmp_path / "x.log")
+    with pytest.raises(ScenarioError, match="is not running; start it before kv_cache_pressure"):
+        run_in_child("kv_cache_pressure", stopped, 5)
