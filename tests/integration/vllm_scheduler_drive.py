@@ -38,6 +38,7 @@ def drive(model_dir: Path, config: EngineConfig, step_time: StepTime, lengths: S
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
 
     logging.getLogger("vllm").setLevel(logging.WARNING)
     args = EngineArgs(model=str(model_dir), max_num_seqs=config.max_num_seqs, num_gpu_blocks_override=config.num_blocks,
@@ -49,13 +50,12 @@ def drive(model_dir: Path, config: EngineConfig, step_time: StepTime, lengths: S
     spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     kv = KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    from vllm.v1.structured_output import StructuredOutputManager
     scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv,
                           structured_output_manager=StructuredOutputManager(vllm_config),
                           block_size=config.block_size, hash_block_size=config.block_size, log_stats=True)
-    init_none_hash(get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo))
-    hasher = get_request_block_hasher(config.block_size,
-                                      get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo))
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(config.block_size, hash_fn)
     clock, sent = 0.0, 0
 
     def send() -> None:
