@@ -2,7 +2,7 @@
 
 The configuration difference heads both, then the SLO block (the objectives, attainment and goodput
 before -> after), then the verdict and its reasons, then one row per signal (before, after, change,
-significant, better). Charts draw each signal's per-interval values of
+significant, better), then the model's prediction for the change beside what was measured. Charts draw each signal's per-interval values of
 both windows on one time axis, the stretch between them (the change, the restart) shaded.
 """
 
@@ -114,6 +114,7 @@ def render_compare(console: Console, doc: dict) -> None:
                       highlight=False)
     if doc["signals"]:
         console.print(escape(f"significance: {doc['signals'][0]['method'].split(',')[0]}"), highlight=False)
+    render_prediction(console, doc)
 
 
 def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
@@ -138,6 +139,7 @@ def compare_markdown(doc: dict, chart_dir: Path | None = None) -> str:
     lines += [f"| {escape_md(s['name'])} | {fmt_number(s['before'], s['unit'])} | {fmt_number(s['after'], s['unit'])} | "
               f"{fmt_delta(s['delta_pct'])} | {_yes_no(s['significant'])} | {_yes_no(s['better'])} | "
               f"{escape_md(s['method'])} |" for s in doc["signals"]]
+    lines += _prediction_markdown(doc)
     lines += ["", "## Charts", ""] + _chart_lines(doc, chart_dir)
     return "\n".join(lines).rstrip() + "\n"
 
@@ -185,33 +187,52 @@ def compare_charts(doc: dict) -> list[dict]:
     return out
 
 
-# (fix prediction key, compare signal, label)
-PREDICTED_SIGNALS = (("ttft_p95_s", "ttft_p95_seconds", "TTFT p95 s"),
-                     ("tpot_p95_s", "itl_p95_seconds", "inter-token p95 s"),
-                     ("preemptions_per_s", "preemptions_per_s", "preemptions/s"),
-                     ("throughput_tps", "generation_tokens_per_s", "generated tokens/s"),
-                     ("goodput_rps", "goodput_rps", "goodput req/s"))
+def prediction_head(doc: dict) -> str | None:
+    """The prediction block's first line: what was predicted from what, and whether it held; None without one."""
+    p = doc.get("prediction")
+    if not p:
+        return None
+    what = "; ".join(p.get("changes") or []) or "the change"
+    if p.get("withheld"):
+        return f"prediction for {what}: withheld: {p['withheld']}"
+    held = "within" if p.get("within_bound") else "outside"
+    return f"predicted from the before window alone for {what}, beside what the after window measured: " \
+           f"{held} the model's {p.get('bound', 0.3):.0%} bound"
 
 
-def prediction_rows(fix: dict, doc: dict) -> list[tuple[str, float | None, float | None]]:
-    """(label, predicted, measured after the change) for each signal the fix's prediction names."""
-    predicted = fix.get("predicted") or {}
-    after = {s["name"]: s.get("after") for s in doc.get("signals", [])}
-    return [(label, predicted.get(key), after.get(name)) for key, name, label in PREDICTED_SIGNALS
-            if key in predicted]
-
-
-def render_prediction(console: Console, fix: dict, doc: dict) -> None:
-    """The model's prediction for an applied fix beside what compare measured after it."""
-    rows = prediction_rows(fix, doc)
-    if not rows:
+def render_prediction(console: Console, doc: dict) -> None:
+    """compare's prediction block: each signal predicted before the change beside the measurement, and the error."""
+    head = prediction_head(doc)
+    if head is None:
         return
     # the title on a line of its own: a table title wraps at the table's narrow width
-    console.print(f"predicted before the change vs measured after it ({fix['param']} {fix.get('current')} -> "
-                  f"{fix.get('suggested')}):", highlight=False)
-    table = Table(show_edge=False, pad_edge=False)
-    for col, justify in (("signal", "left"), ("predicted", "right"), ("measured", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    for label, p, m in rows:
-        table.add_row(label, fmt_number(p), fmt_number(m))
-    console.print(table)
+    console.print(escape(head), highlight=False)
+    rows = doc["prediction"].get("rows") or []
+    if rows:
+        table = Table(show_edge=False, pad_edge=False)
+        for col, justify in (("signal", "left"), ("predicted", "right"), ("measured", "right"), ("error", "right")):
+            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        for r in rows:
+            table.add_row(escape(r["signal"]), fmt_number(r["predicted"]), fmt_number(r["measured"]), _error(r["error"]))
+        console.print(table)
+    for note in doc["prediction"].get("notes") or []:
+        console.print(f"  {escape(note)}", highlight=False)
+
+
+def _prediction_markdown(doc: dict) -> list[str]:
+    """The Prediction section: the same block as Markdown."""
+    head = prediction_head(doc)
+    if head is None:
+        return []
+    out = ["", "## Prediction", "", escape_md(head) + "."]
+    rows = doc["prediction"].get("rows") or []
+    if rows:
+        out += ["", "| signal | predicted | measured | error |", "|---|---|---|---|"]
+        out += [f"| {escape_md(r['signal'])} | {fmt_number(r['predicted'])} | {fmt_number(r['measured'])} | "
+                f"{_error(r['error'])} |" for r in rows]
+    out += [""] + [f"* {escape_md(n)}" for n in doc["prediction"].get("notes") or []]
+    return out
+
+
+def _error(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%}"

@@ -10,7 +10,7 @@ import typer
 from vllm_sentinel.agent.cli.common import Exit, err, fail, out
 from vllm_sentinel.agent.daemon.cpu_budget import CpuBudget, parse_budget
 from vllm_sentinel.agent.demo.live import DemoError, run_demo, run_replay_demo
-from vllm_sentinel.reports.compare_view import render_compare, render_prediction
+from vllm_sentinel.reports.compare_view import render_compare
 from vllm_sentinel.reports.console import render_diagnosis
 
 app = typer.Typer(add_completion=False)
@@ -41,9 +41,7 @@ def demo(replay: bool = typer.Option(False, "--replay", help="seconds, no server
     render_diagnosis(out, doc, "table")
     if "compare" in doc:
         out.print("\n[bold]Verifying the fix[/] (vllm-sentinel compare --change auto):")
-        render_compare(out, doc["compare"])
-        if doc.get("applied_fix"):
-            render_prediction(out, doc["applied_fix"], doc["compare"])
+        render_compare(out, doc["compare"])  # its prediction block: the model's figures beside the measurement
     elif replay:
         out.print("\nThe recorded session has no run after a fix: `vllm-sentinel demo` (live) verifies it with compare.",
                   highlight=False)

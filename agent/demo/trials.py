@@ -21,9 +21,9 @@ from vllm_sentinel.agent.demo.verify import FLAG_FIELDS
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
-from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives, rank_fixes
-from vllm_sentinel.agent.diagnosis.sim_calibrate import ERROR_FLOORS, relative_error
-from vllm_sentinel.agent.diagnosis.sim_workload import read_workload
+from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives, predict_fixes
+from vllm_sentinel.agent.diagnosis.sim_calibrate import ERROR_FLOORS, judge, relative_error
+from vllm_sentinel.agent.diagnosis.sim_workload import Measured, read_workload
 from vllm_sentinel.agent.diagnosis.whatif import store_configs
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.promql.engine import Engine
@@ -31,9 +31,11 @@ from vllm_sentinel.collectors.timefmt import iso_seconds
 
 Say = Callable[[str], None]
 Scenario = Callable[[VllmServer, float], ScenarioRun]
-# a load's first seconds: its clients ramp up and the previous server's last requests drain
-RAMP_MS = 20_000
-MIN_STEADY_MS = 20_000  # the least of a load measured: two of the model's 10 s bins
+# a load's first seconds: its child process starts and the first requests fill the server (each load begins on
+# an idle or freshly restarted server, so nothing of the previous one drains into it)
+RAMP_MS = 10_000
+COMPARE_INTERVAL_MS = 5_000
+MIN_STEADY_MS = 25_000  # the least of a load measured: 5 of compare's intervals, what its significance test needs
 # the prediction is judged on these, by the model's own reading of a window (p95s through vLLM's buckets)
 JUDGED = ("ttft_p95_s", "generation_tokens_per_s")
 
@@ -60,10 +62,13 @@ class TrialOutcome:
     predicted: dict[str, Any] | None = None
     measured: dict[str, Any] = field(default_factory=dict)
     error: dict[str, float | None] = field(default_factory=dict)
+    over: list[str] = field(default_factory=list)  # judged figures past the model's bound (calibration's judge)
+    notes: list[str] = field(default_factory=list)  # p95s let through by the measured p90..p99 band
     goodput_rps: float | None = None
     verdict: str | None = None
     window: tuple[int, int] | None = None
     clients: dict[str, Any] = field(default_factory=dict)  # what the load's clients saw (traffic_seen)
+    compare: dict[str, Any] = field(default_factory=dict)  # compare's document, baseline vs this trial
 
     def as_dict(self) -> dict[str, Any]:
         """The outcome as JSON-ready data."""
@@ -111,9 +116,9 @@ def traffic_seen(run: ScenarioRun) -> dict[str, Any]:
             "mean_latency_s": None if mean is None else round(mean, 3), "errors": t.errors[:3]}
 
 
-def measured_window(store: Any, instance: str, window: tuple[int, int]) -> dict[str, Any]:
+def measured_window(store: Any, instance: str, window: tuple[int, int]) -> Measured:
     """What the server measured over a window, read as the model's calibration reads it."""
-    return read_workload(Engine(store), instance, window[0], window[1]).measured.as_dict()
+    return read_workload(Engine(store), instance, window[0], window[1]).measured
 
 
 def predict(store: Any, instance: str, window: tuple[int, int], trials: Sequence[Trial],
@@ -122,7 +127,8 @@ def predict(store: Any, instance: str, window: tuple[int, int], trials: Sequence
     fixes = [{"param": t.flag, "current": str(config.get(FLAG_FIELDS[t.flag])), "suggested": str(t.value),
               "trial": t} for t in trials]
     incident = {"instance": instance, "start": iso_seconds(window[0]), "end": iso_seconds(window[1]), "fixes": fixes}
-    rank_fixes(Engine(store), lambda s, e: store_configs(store, s, e), [incident], window[1], objectives)
+    # exactly the steady window: an incident's usual stretch reaches a minute back, into the ramp
+    predict_fixes(Engine(store), store_configs(store, *window), incident, *window, objectives)
     outcomes = [TrialOutcome(f["trial"], config.get(FLAG_FIELDS[f["trial"].flag]), f.get("rank"), f.get("predicted"))
                 for f in incident["fixes"]]
     return incident.get("model") or {}, outcomes
@@ -150,7 +156,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
     store = reader()
     instance = server.instance
     model, outcomes = predict(store, instance, baseline, trials, dataclasses.asdict(first), objectives)
-    measured = measured_window(store, instance, baseline)
+    measured = measured_window(store, instance, baseline).as_dict()
     say(f"trials: model {'withheld: ' + model['withheld'] if model.get('withheld') else 'calibrated'}")
     base_goodput = None
     try:
@@ -163,20 +169,32 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
             say(f"trials: the load's clients saw {o.clients}")
             wait_stored(run.end_ms)
             store = reader()
-            o.measured = measured_window(store, instance, o.window)
+            seen = measured_window(store, instance, o.window)
+            o.measured = seen.as_dict()
             if o.predicted is not None:
-                o.error = {k: relative_error(_predicted(o.predicted, k), o.measured.get(k), ERROR_FLOORS[k])
-                           for k in JUDGED}
+                judge_trial(o, seen)
             cmp = compare(store_source(store, pack_window_evaluator(pack)),
                           CompareRequest((baseline[0], o.window[1]), instance, before=baseline, after=o.window,
-                                         ttft_slo_s=objectives.ttft_p95_s, tpot_slo_s=objectives.tpot_p95_s))
+                                         interval_ms=COMPARE_INTERVAL_MS, ttft_slo_s=objectives.ttft_p95_s,
+                                         tpot_slo_s=objectives.tpot_p95_s))
             o.goodput_rps, o.verdict = cmp["slo"]["goodput_rps"]["after"], cmp["verdict"]
+            o.compare = {k: v for k, v in cmp.items() if k != "intervals"}
             base_goodput = cmp["slo"]["goodput_rps"]["before"]
     finally:
         if restore:
             say("trials: restarting the server as it was configured")
             server.restart(first)
     return TrialsReport(baseline, measured, base_goodput, model, outcomes)
+
+
+def judge_trial(o: TrialOutcome, seen: Measured) -> None:
+    """The prediction's error on each judged figure, and those past the bound, by the calibration's own judge:
+    a predicted p95 inside the measured p90..p99 passes with a note (vLLM's buckets tell no closer)."""
+    modelled = {k: _predicted(o.predicted or {}, k) for k in JUDGED}
+    measured = seen.as_dict()
+    o.error = {k: relative_error(modelled[k], measured.get(k), ERROR_FLOORS[k]) for k in JUDGED}
+    over, o.notes = judge(o.error, modelled, seen)
+    o.over = [k for k, _e in over]
 
 
 def steady_window(run: ScenarioRun, hold_s: float) -> tuple[int, int]:

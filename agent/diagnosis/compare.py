@@ -25,6 +25,9 @@ was bought with what; only better is improved, only worse regressed, none no cle
 Incidents that stopped or started are listed but never turn a verdict: an incident that stopped
 while goodput fell is no improvement, and one can miss a short window (its `for`, a live
 evaluation stretched on a busy host).
+
+Where the configuration changed, the what-if model calibrated on the before window alone predicts
+the after window's configuration and sits beside what was measured (agent/diagnosis/compare_prediction.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 from vllm_sentinel.agent.diagnosis.compare_signals import (NEUTRAL, REQUEST_RATE, SIGNALS, SLO_SIGNALS, Signal,
                                                           WindowValues, present, window_values)
+from vllm_sentinel.agent.diagnosis.compare_prediction import predict_change
 from vllm_sentinel.agent.diagnosis.compare_slo import ATTAINMENT, GOODPUT, Objectives, slo_block
 from vllm_sentinel.agent.diagnosis.compare_windows import ChangeWindows, NoChangeFound, auto_windows
 from vllm_sentinel.agent.diagnosis.diagnose import NoDataInWindow
@@ -112,6 +116,11 @@ def compare(source: CompareSource, req: CompareRequest) -> dict:
     incidents = incident_changes(source.incidents(*windows.before, instance), source.incidents(*windows.after, other),
                                  windows.after)
     verdict, reasons = decide(signals, incidents)
+    prediction = None
+    if other == instance:
+        prediction = predict_change(source.engine, instance, windows.before, windows.after, changes,
+                                    source.config_at(instance, windows.before[1] - 1), after.whole[GOODPUT],
+                                    (req.ttft_slo_s, req.tpot_slo_s), load["ratio"])
     return {
         "window": windows.as_dict(),
         "source": source.name,
@@ -126,6 +135,7 @@ def compare(source: CompareSource, req: CompareRequest) -> dict:
         "incidents": incidents,
         "verdict": verdict,
         "verdict_reasons": reasons,
+        "prediction": prediction,
         "intervals": {s["name"]: {"before": before.intervals[s["name"]], "after": after.intervals[s["name"]]}
                       for s in signals},
     }

@@ -76,19 +76,37 @@ def rank_fixes(engine: Any, configs_for: ConfigsFor, incidents: list[dict], wind
     """Predict and order each incident's fixes in place (see the module's docstring). `configs_for(start, end)`
     gives the configurations in force at the end of a stretch: each incident's own, cut at a restart."""
     for inc in incidents:
-        candidates = [(i, scenario_of(f)) for i, f in enumerate(inc.get("fixes") or [])]
-        candidates = [(i, s) for i, s in candidates if s is not None]
-        if not candidates or not inc.get("instance"):
+        if not _candidates(inc) or not inc.get("instance"):
             continue
         start, end = _stretch(inc, window_end_ms)
         try:
             start, end = one_configuration(engine, inc["instance"], start, end)
-            inc["model"] = _predict(engine, configs_for(start, end), inc, candidates, start, end, objectives)
-        except (NotEnoughTraffic, Unrepresentable, BadKnob) as e:
-            inc["model"] = {"calibration_error": None, "withheld": str(e)}
         except Exception as e:  # a model failure must not cost the operator the diagnosis
             log.warning("what-if model failed for incident %s: %s", inc.get("id"), e)
             inc["model"] = {"calibration_error": None, "withheld": f"the model failed: {e}"}
+            continue
+        predict_fixes(engine, configs_for(start, end), inc, start, end, objectives)
+
+
+def predict_fixes(engine: Any, configs: ConfigLookup, inc: dict, start: int, end: int,
+                  objectives: Objectives = Objectives()) -> None:
+    """Predict and order one incident's fixes in place from exactly (start, end] of its instance's history."""
+    candidates = _candidates(inc)
+    if not candidates:
+        return
+    try:
+        inc["model"] = _predict(engine, configs, inc, candidates, start, end, objectives)
+    except (NotEnoughTraffic, Unrepresentable, BadKnob) as e:
+        inc["model"] = {"calibration_error": None, "withheld": str(e)}
+    except Exception as e:  # a model failure must not cost the operator the diagnosis
+        log.warning("what-if model failed for incident %s: %s", inc.get("id"), e)
+        inc["model"] = {"calibration_error": None, "withheld": f"the model failed: {e}"}
+
+
+def _candidates(inc: dict) -> list[tuple[int, Any]]:
+    """(index, the model's scenario) of each of the incident's fixes the model can represent."""
+    found = [(i, scenario_of(f)) for i, f in enumerate(inc.get("fixes") or [])]
+    return [(i, s) for i, s in found if s is not None]
 
 
 def _stretch(inc: dict, window_end_ms: int) -> tuple[int, int]:

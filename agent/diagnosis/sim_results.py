@@ -43,6 +43,7 @@ class SimResult:
     generated_tokens: int
     prompt_tokens_served: int  # prompts of the requests that got their first token
     recomputed_tokens: int = 0  # prompt and output tokens computed again after preemptions
+    mix: "StepMix | None" = None  # what the steps held, for the step-time fit (sim_calibrate)
 
     @property
     def num_rejected(self) -> int:
@@ -129,6 +130,7 @@ class SimTally:
     def __init__(self, n: int) -> None:
         self.arrival_s = np.full(n, np.nan)  # when each request reached the server (a closed loop sends late)
         self.queue_at, self.first_token_at, self.finished_at = (np.full(n, np.nan) for _ in range(3))
+        self.queue_tick, self.first_token_tick = np.full(n, np.nan), np.full(n, np.nan)  # the steps of both
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.rejected = np.zeros(n, dtype=bool)
         self.steps = self.total_preemptions = self.generated = self.prompt_served = self.peak_blocks = 0
@@ -138,12 +140,19 @@ class SimTally:
         # runs of steps: (the first step's latency, its growth per step, steps, tokens per step)
         self._runs = (array("d"), array("d"), array("q"), array("q"))
         self._single = array("d")
+        # runs of steps alike in what they held: (first step's index, steps, decoding sequences, prefill tokens)
+        self._mix = (array("q"), array("q"), array("q"), array("q"))
 
     def stepped(self, seconds: float, tokens: int, steps: int = 1) -> None:
         """`steps` engine steps of `tokens` tokens each took `seconds` in all."""
         self.steps += steps
         self.busy_s += seconds
         self.tokens_per_step[tokens] = self.tokens_per_step.get(tokens, 0) + steps
+
+    def held(self, first_tick: int, steps: int, decodes: int, prefill: int) -> None:
+        """`steps` steps from step `first_tick` on each held `decodes` decoding sequences and `prefill` prompt tokens."""
+        for column, v in zip(self._mix, (first_tick, steps, decodes, prefill)):
+            column.append(v)
 
     def latency_run(self, first_s: float, growth_s: float, steps: int, tokens: int) -> None:
         """`tokens` tokens a step for `steps` steps, waiting first_s, first_s + growth_s, ... after the previous ones."""
@@ -172,7 +181,37 @@ class SimTally:
             total_preemptions=self.total_preemptions, steps=self.steps, tokens_per_step=dict(self.tokens_per_step),
             span_s=span_s, busy_s=self.busy_s, peak_blocks=self.peak_blocks,
             arrived=int((arrival < horizon_s).sum()), generated_tokens=self.generated,
-            prompt_tokens_served=self.prompt_served, recomputed_tokens=self.recomputed)
+            prompt_tokens_served=self.prompt_served, recomputed_tokens=self.recomputed,
+            mix=step_mix(self._mix, self.queue_tick, self.first_token_tick))
+
+
+@dataclass(frozen=True)
+class StepMix:
+    """What a replay's prefills met, from first scheduled to first token: the steps they spanned and the tokens
+    those steps held in all (their own prompt, other prompts, recomputation, decoding sequences), on average."""
+
+    span_steps: float
+    span_tokens: float
+
+
+def step_mix(runs: tuple, start_tick: np.ndarray, end_tick: np.ndarray) -> StepMix | None:
+    """The StepMix of runs of steps (first step, steps, decoding sequences, prefill tokens) and each request's
+    first scheduled and first token steps; None without steps or prefills."""
+    first, steps, decodes, prefill = (np.array(c, dtype=float) for c in runs)
+    done = ~np.isnan(start_tick) & ~np.isnan(end_tick)
+    if not steps.sum() or not done.any():
+        return None
+    order = np.argsort(first, kind="stable")
+    first, steps, per = first[order], steps[order], (decodes + prefill)[order]
+    cum = np.concatenate([[0.0], np.cumsum(steps * per)])
+
+    def before(ticks: np.ndarray) -> np.ndarray:
+        # the tokens of every step before `tick`: whole runs before it, and the part of the run it falls in
+        i = np.clip(np.searchsorted(first, ticks, side="right") - 1, 0, len(first) - 1)
+        return cum[i] + np.clip(ticks - first[i], 0, steps[i]) * per[i]
+
+    a, b = start_tick[done], end_tick[done]
+    return StepMix(span_steps=float((b - a).mean()), span_tokens=float((before(b) - before(a)).mean()))
 
 
 def weighted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:

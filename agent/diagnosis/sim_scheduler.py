@@ -335,6 +335,7 @@ class _Engine:
             if not seq.admitted:
                 seq.admitted = True
                 self.tally.queue_at[seq.idx] = self.clock
+                self.tally.queue_tick[seq.idx] = self.tick
             seq.computed, seq.held, seq.order = start, take, self.next_order
             self.next_order += 1
             free -= take
@@ -358,6 +359,7 @@ class _Engine:
                     self.tally.recomputed += num_new
         step = self.st.seconds(prefill, decodes, context)
         end = self.clock + step
+        self.tally.held(t, 1, decodes, prefill)
         self.tally.peak_blocks = max(self.tally.peak_blocks, self.used)
         if n:
             self.tally.latency_run(step, 0.0, 1, n)
@@ -376,6 +378,7 @@ class _Engine:
             self.tally.token(end - seq.last_token_s)
         else:
             self.tally.first_token_at[seq.idx] = end
+            self.tally.first_token_tick[seq.idx] = self.tick  # already past the step that produced it
             self.tally.prompt_served += seq.prompt
             self.tally.generated += 1
         seq.generated += 1
@@ -448,6 +451,7 @@ class _Engine:
         k, blocks = self._steps_within_blocks(free, k)
         span = k * d0 + growth * k * (k - 1) / 2
         self.tally.latency_run(d0, growth, k, n)
+        self.tally.held(t, k, n, 0)
         self.used += blocks
         self.tally.peak_blocks = max(self.tally.peak_blocks, self.used)
         self._finish_cohort(t + k - 1, self.clock + span)

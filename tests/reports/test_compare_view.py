@@ -95,20 +95,26 @@ def test_a_document_without_an_slo_block_still_renders(doc: dict) -> None:
     assert "## SLO" not in compare_markdown(older, None)
 
 
-def test_an_applied_fixs_prediction_sits_beside_what_compare_measured() -> None:
+def test_compares_prediction_sits_beside_what_was_measured_with_its_error(doc: dict) -> None:
     from rich.console import Console
 
-    from vllm_sentinel.reports.compare_view import prediction_rows, render_prediction
+    from vllm_sentinel.reports.compare_view import render_prediction
 
-    fix = {"param": "--num-gpu-blocks-override", "current": "8", "suggested": "17",
-           "predicted": {"ttft_p95_s": 0.6, "preemptions_per_s": 0.0, "goodput_rps": 0.95, "trade": None}}
-    doc = {"signals": [{"name": "ttft_p95_seconds", "after": 0.71}, {"name": "preemptions_per_s", "after": 0.0},
-                       {"name": "goodput_rps", "after": 1.1}]}
-    assert prediction_rows(fix, doc) == [("TTFT p95 s", 0.6, 0.71), ("preemptions/s", 0.0, 0.0),
-                                         ("goodput req/s", 0.95, 1.1)]
+    block = {"changes": ["--num-gpu-blocks-override 8 -> 17"], "bound": 0.3, "withheld": None, "within_bound": True,
+             "rows": [{"signal": "TTFT p95 s", "key": "ttft_p95_s", "predicted": 0.6, "measured": 0.71, "error": 0.155},
+                      {"signal": "goodput req/s", "key": "goodput_rps", "predicted": 0.95, "measured": None,
+                       "error": None}],
+             "notes": ["ttft_p95_s: <as close as the buckets tell>"]}
     console = Console(record=True, width=100)
-    render_prediction(console, fix, doc)
+    render_prediction(console, {"prediction": block})
     text = console.export_text()
-    assert "--num-gpu-blocks-override 8 -> 17" in text and "0.71" in text and "0.95" in text
-    render_prediction(console, {"param": "x"}, doc)  # no prediction: nothing printed
+    assert "--num-gpu-blocks-override 8 -> 17" in text and "within the model's 30% bound" in text
+    assert "0.71" in text and "16%" in text and "0.95" in text and "<as close as the buckets tell>" in text
+    md = compare_markdown({**doc, "prediction": block}, None)
+    assert "## Prediction" in md and "| TTFT p95 s | 0.6 | 0.71 | 16% |" in md and "&lt;as close" in md
+    console = Console(record=True, width=200)
+    render_prediction(console, {"prediction": {**block, "withheld": "the model does not represent a change of "
+                                                                    "--dtype", "rows": [], "notes": []}})
+    assert "withheld: the model does not represent a change of --dtype" in console.export_text()
+    render_prediction(console, {"prediction": None})  # nothing changed: nothing printed
     assert console.export_text() == ""
