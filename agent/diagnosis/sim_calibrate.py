@@ -35,6 +35,7 @@ JUDGED = ("ttft_p95_s", "itl_p95_s", "preemptions_per_s", "generation_tokens_per
 LATENCY_FAMILIES = {"ttft_p95_s": "ttft", "itl_p95_s": "itl"}  # p95s read through vLLM's buckets
 BAND = (0.90, 0.99)  # a modelled p95 between these measured quantiles matches (see judge)
 SATURATED_WAITING = 0.5  # a bin whose mean waiting count is at least this kept the engine busy throughout
+REFIT_MOVES = 0.02  # the step time's refit changes a cost by more than this share: replay again
 
 # EngineConfig field -> the live configuration's name (vLLM's)
 CONFIG_NAMES = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
@@ -183,8 +184,14 @@ def calibrate(workload: Workload, config: EngineConfig, seed: int = 0) -> Calibr
     recompute = replay.recomputed_tokens / replay.total_preemptions \
         if replay.total_preemptions and workload.measured.rate("preemptions") > 0 else 0.0
     if recompute or replay.mix:
-        step_time, how = fit_step_time(workload, recompute, replay.mix)
-        replay = run_model(workload, config, step_time, seed)
+        refit, how = fit_step_time(workload, recompute, replay.mix)
+        # a light load's prefills run alone and nothing is recomputed: the refit moves nothing worth a replay
+        moved = max(abs(refit.base_s - step_time.base_s) / step_time.base_s,
+                    abs(refit.per_prefill_token_s - step_time.per_prefill_token_s)
+                    / max(step_time.per_prefill_token_s, 1e-9))
+        step_time = refit
+        if recompute or moved > REFIT_MOVES:
+            replay = run_model(workload, config, step_time, seed)
     measured = {k: v for k, v in workload.measured.as_dict().items() if k in JUDGED + ("requests_per_s",)}
     measured["itl_p95_s"] = workload.measured.quantile("itl", 0.95)
     modelled = observed_like(replay, workload)
