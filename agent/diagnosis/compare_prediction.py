@@ -50,7 +50,7 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
     sets, unmodelled = _sets(changes)
     block: dict[str, Any] = {"basis": "the model calibrated on the before window, asked for the after window's "
                                       "configuration", "changes": [], "bound": CALIBRATION_BOUND,
-                             "withheld": None, "rows": [], "within_bound": None, "notes": []}
+                             "withheld": None, "rows": [], "within_bound": None, "over": [], "notes": []}
     if not sets and not unmodelled:
         block["withheld"] = "no setting the model represents changed"
         return block
