@@ -63,7 +63,7 @@ class TrialOutcome:
     measured: dict[str, Any] = field(default_factory=dict)
     error: dict[str, float | None] = field(default_factory=dict)
     over: list[str] = field(default_factory=list)  # judged figures past the model's bound (calibration's judge)
-    notes: list[str] = field(default_factory=list)  # p95s let through by the measured p90..p99 band
+    notes: list[str] = field(default_factory=list)  # p95s the buckets cannot tell from the measured p90..p99
     goodput_rps: float | None = None
     verdict: str | None = None
     window: tuple[int, int] | None = None
@@ -189,7 +189,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
 
 def judge_trial(o: TrialOutcome, seen: Measured) -> None:
     """The prediction's error on each judged figure, and those past the bound, by the calibration's own judge:
-    a predicted p95 inside the measured p90..p99 passes with a note (vLLM's buckets tell no closer)."""
+    a predicted p95 the buckets cannot tell from the measured p90..p99 passes with a note."""
     modelled = {k: _predicted(o.predicted or {}, k) for k in JUDGED}
     measured = seen.as_dict()
     o.error = {k: relative_error(modelled[k], measured.get(k), ERROR_FLOORS[k]) for k in JUDGED}
