@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_sentinel.agent.diagnosis.fix_ranking import KNOB_OF_PARAM
-from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, ERROR_FLOORS, JUDGED, Unrepresentable,
-                                                         judge, relative_error)
+from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, CONTENDED_BELOW, ERROR_FLOORS, JUDGED,
+                                                         Unrepresentable, contended, judge, relative_error)
 from vllm_sentinel.agent.diagnosis.sim_workload import Measured, NotEnoughTraffic, read_workload
+from vllm_sentinel.agent.diagnosis.vllm_defaults import PLATFORM_CPU
 from vllm_sentinel.agent.diagnosis.whatif import WhatIfQuery, whatif
 from vllm_sentinel.agent.diagnosis.whatif_knobs import BadKnob
 
@@ -50,7 +51,8 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
     sets, unmodelled = _sets(changes)
     block: dict[str, Any] = {"basis": "the model calibrated on the before window, asked for the after window's "
                                       "configuration", "changes": [], "bound": CALIBRATION_BOUND,
-                             "withheld": None, "rows": [], "within_bound": None, "over": [], "notes": []}
+                             "withheld": None, "rows": [], "within_bound": None, "over": [], "notes": [],
+                             "worker_busy": {"before": None, "after": None}}
     if not sets and not unmodelled:
         block["withheld"] = "no setting the model represents changed"
         return block
@@ -69,6 +71,11 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
         block["withheld"] = f"{other}: the model replays the before window's traffic, so its prediction is not " \
                             "this load's"
         return block
+    busy = seen.worker_busy() if (config or {}).get("platform") == PLATFORM_CPU else None
+    block["worker_busy"]["after"] = None if busy is None else round(busy, 4)
+    if busy is not None and busy < CONTENDED_BELOW:
+        block["withheld"] = f"{contended(busy, 'the after window')}: its measurement cannot judge the prediction"
+        return block
     query = WhatIfQuery(before[0], before[1], instance, sets=tuple(sets), ttft_slo_s=objectives[0],
                         tpot_slo_s=objectives[1])
     try:
@@ -82,6 +89,7 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
         return block
     block["changes"] = doc["scenarios"][1]["changes"] if len(doc["scenarios"]) > 1 else []
     block["calibration_error"] = doc["calibration"]["error"]
+    block["worker_busy"]["before"] = doc["calibration"]["worker_busy"]
     if doc["withheld"]:
         block["withheld"] = doc["withheld"]
         return block

@@ -137,7 +137,7 @@ def _predict(engine: Any, configs: ConfigLookup, inc: dict, candidates: list[tup
                  candidates=[(f"fix {i}", sets, replicas) for i, (sets, replicas) in candidates])
     cal = doc["calibration"]
     model = {"calibration_error": cal["error"], "withheld": doc["withheld"], "window": doc["window"],
-             "step_time": cal["step_time"]}
+             "step_time": cal["step_time"], "worker_busy": cal["worker_busy"]}
     if doc["withheld"]:
         return model
     baseline = doc["scenarios"][0]["predicted"]

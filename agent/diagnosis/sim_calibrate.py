@@ -36,6 +36,10 @@ LATENCY_FAMILIES = {"ttft_p95_s": "ttft", "itl_p95_s": "itl"}  # p95s read throu
 BAND = (0.90, 0.99)  # a modelled p95 between these measured quantiles matches (see judge)
 SATURATED_WAITING = 0.5  # a bin whose mean waiting count is at least this kept the engine busy throughout
 REFIT_MOVES = 0.02  # the step time's refit changes a cost by more than this share: replay again
+# On vLLM's CPU backend the worker busy-waits: with requests running it holds a core (0.85-0.98 a bin measured on
+# this project's 2-core hosts, the sidecar's reports and Prometheus beside it). Under this, something else had its
+# core (another process, a VM's steal time) and the window's step times are the contention's, not the server's.
+CONTENDED_BELOW = 0.70
 
 # EngineConfig field -> the live configuration's name (vLLM's)
 CONFIG_NAMES = {"max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
@@ -57,6 +61,7 @@ class Calibration:
     error: dict[str, float | None]
     withheld: str | None = None
     notes: list[str] = field(default_factory=list)
+    worker_busy: float | None = None  # cores the CPU backend's worker ran while requests ran (None: not read)
 
     def as_dict(self) -> dict[str, Any]:
         """The calibration block of the whatif document."""
@@ -66,7 +71,7 @@ class Calibration:
                 "measured": {k: _r(v) for k, v in self.measured.items()},
                 "modelled": {k: _r(v) for k, v in self.modelled.items()},
                 "error": {k: _r(v) for k, v in self.error.items()}, "bound": CALIBRATION_BOUND,
-                "withheld": self.withheld, "notes": self.notes}
+                "withheld": self.withheld, "notes": self.notes, "worker_busy": _r(self.worker_busy)}
 
 
 def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
@@ -175,8 +180,9 @@ def observed_like(result: SimResult, workload: Workload) -> dict[str, float | No
             "requests_per_s": result.throughput()["requests_per_s"]}
 
 
-def calibrate(workload: Workload, config: EngineConfig, seed: int = 0) -> Calibration:
-    """Replay the window with the configuration that ran; its error against the measurement; withheld over the bound."""
+def calibrate(workload: Workload, config: EngineConfig, seed: int = 0, busy_wait: bool = False) -> Calibration:
+    """Replay the window with the configuration that ran; its error against the measurement; withheld over the bound,
+    or (busy_wait: a CPU backend's worker) where the worker did not get its core."""
     step_time, how = fit_step_time(workload)
     replay = run_model(workload, config, step_time, seed)
     # the window's recomputation, sized by the replay, is work its steps did that no counter shows; and the
@@ -203,7 +209,21 @@ def calibrate(workload: Workload, config: EngineConfig, seed: int = 0) -> Calibr
                           f"{_fmt(measured.get(k))}, modelled {_fmt(modelled.get(k))})" for k, e in over)
         withheld = (f"the model's replay of the window misses what the server measured: {worst}; over the "
                     f"{CALIBRATION_BOUND:.0%} bound, its predictions are not shown")
-    return Calibration(step_time, how, measured, modelled, error, withheld, notes)
+    busy = workload.worker_busy() if busy_wait else None
+    if busy is not None:
+        notes.append(f"vLLM's worker ran {busy:.0%} of a core while requests were running (alone it busy-waits "
+                     "on one)")
+        if busy < CONTENDED_BELOW and withheld is None:
+            withheld = contended(busy, "the window") + "; its predictions are not shown"
+    return Calibration(step_time, how, measured, modelled, error, withheld, notes, busy)
+
+
+def contended(busy: float, window: str) -> str:
+    """Why a window whose busy-waiting worker ran `busy` cores cannot stand for the server's speed."""
+    return (f"vLLM's worker ran {busy:.0%} of a core in {window} while requests were running, under "
+            f"{CONTENDED_BELOW:.0%}: on the CPU backend it busy-waits on a core of its own, so something else on "
+            "the host took it (another process, the sidecar's reports, a VM's steal time) and the window's step "
+            "times are that contention's, not the server's; pick a window the host left to vLLM")
 
 
 def judge(error: Mapping[str, float | None], modelled: Mapping[str, float | None],

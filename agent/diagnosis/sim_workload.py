@@ -37,7 +37,9 @@ FAMILIES = Families(
               "prefix_hits": "vllm:prefix_cache_hits_total", "prefix_queries": "vllm:prefix_cache_queries_total",
               # the API server's own timing of generation requests: past vLLM's e2e, time spent in its frontend
               "http_sum": f"http_request_duration_seconds_sum{{handler=~\"{GENERATION_HANDLERS}\"}}",
-              "http_count": f"http_request_duration_seconds_count{{handler=~\"{GENERATION_HANDLERS}\"}}"},
+              "http_count": f"http_request_duration_seconds_count{{handler=~\"{GENERATION_HANDLERS}\"}}",
+              # the sidecar's reading of the process that runs the model (see Workload.worker_busy)
+              "worker_cpu": 'vllm_sentinel_process_cpu_seconds_total{role="worker"}'},
     gauges={"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"},
     histograms={"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
                 "queue": "vllm:request_queue_time_seconds", "e2e": "vllm:e2e_request_latency_seconds",
@@ -47,6 +49,8 @@ FAMILIES = Families(
 SATURATED_SHARE = 0.8
 POPULATION_GROWTH = 1.0
 MIN_REQUESTS = 20  # fewer completed requests in a window say too little about its workload to model it
+BUSY_RUNNING = 1.0  # a bin with at least this many requests running on average kept the worker stepping
+MIN_BUSY_BINS = 3
 
 
 class NotEnoughTraffic(Exception):
@@ -197,6 +201,15 @@ class Workload:
         outputs = self.output.sample(len(times), rng)
         return [SimRequest(t, p, o, cached_tokens=min(p - 1, int(p * self.prefix_hit_rate)))
                 for t, p, o in zip(times, prompts, outputs)]
+
+    def worker_busy(self) -> float | None:
+        """Cores vLLM's worker process ran (the sidecar's process collector) in the median bin that had a request
+        or more running and counted steps; None without that reading (a Prometheus source) or under 3 such bins.
+        The median, so that a bin the engine stopped or went idle in part of does not read as a lost core."""
+        shares = sorted(b.increases["worker_cpu"] / b.seconds for b in self.bins
+                        if "worker_cpu" in b.increases and b.increases.get("steps", 0.0) > 0
+                        and b.gauge_seconds.get("running", 0.0) >= BUSY_RUNNING * b.seconds)
+        return float(np.median(shares)) if len(shares) >= MIN_BUSY_BINS else None
 
     def describe(self) -> dict:
         """The workload block of the whatif document."""

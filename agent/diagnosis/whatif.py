@@ -18,6 +18,7 @@ from vllm_sentinel.agent.diagnosis.sim_calibrate import (Unrepresentable, calibr
 from vllm_sentinel.agent.diagnosis.sim_results import SimResult
 from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig
 from vllm_sentinel.agent.diagnosis.sim_workload import Workload, read_workload
+from vllm_sentinel.agent.diagnosis.vllm_defaults import PLATFORM_CPU
 from vllm_sentinel.agent.diagnosis.whatif_knobs import apply_sets
 from vllm_sentinel.agent.diagnosis.window import store_config_for
 from vllm_sentinel.collectors.timefmt import iso_seconds
@@ -147,7 +148,7 @@ def whatif(engine: object, configs: ConfigLookup, query: WhatIfQuery, source: st
                               "vllm:cache_config_info): the model needs its KV blocks and scheduler limits")
     values, sources = found
     current = engine_config(values)
-    calibration = calibrate(workload, current, query.seed)
+    calibration = calibrate(workload, current, query.seed, busy_wait=values.get("platform") == PLATFORM_CPU)
     scenarios = [Scenario("as configured", [], config=_config(current))]
     if query.asks_change:
         changed, words = apply_sets(current, query.sets, values)

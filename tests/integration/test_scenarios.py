@@ -26,6 +26,7 @@ from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig, load_snapshot_at
+from vllm_sentinel.agent.diagnosis.sim_calibrate import CONTENDED_BELOW
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
@@ -453,10 +454,16 @@ def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, o
     # more blocks for the same batch: preemptions stop and nothing headline gets worse
     assert cmp["verdict"] == "improved", cmp["verdict_reasons"]
     # a prediction shown is within the model's bound of what the restart measured, or it was withheld
-    # (TTFT p95 is recorded, not asserted: both sides read it inside vLLM's 1-2.5 s bucket)
-    if fix.get("predicted"):
+    # (TTFT p95 is recorded, not asserted: both sides read it inside vLLM's 1-2.5 s bucket). A window in which
+    # vLLM's busy-waiting worker lost its core to other work (a VM's steal, the suite's other processes) is no
+    # measure of the server's speed: the model withholds a calibration on one, and compare a judgement by one
+    busy_after = (cmp["prediction"] or {}).get("worker_busy", {}).get("after")
+    record_property("worker_busy", [inc["model"].get("worker_busy"), busy_after])
+    if fix.get("predicted") and busy_after is not None and busy_after < CONTENDED_BELOW:
+        assert "worker ran" in cmp["prediction"]["withheld"], cmp["prediction"]
+    elif fix.get("predicted"):
         predicted, measured = fix["predicted"]["throughput_tps"], signals["generation_tokens_per_s"]["after"]
-        assert abs(measured - predicted) <= 0.3 * predicted, (predicted, measured, inc["model"])
+        assert abs(measured - predicted) <= 0.3 * predicted, (predicted, measured, busy_after, inc["model"])
     else:
         assert inc["model"].get("withheld"), inc["model"]
 

@@ -20,6 +20,7 @@ from vllm_sentinel.agent.diagnosis.compare_prediction import _sets
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
+from tests.agent.diagnosis.test_whatif import worker_slowed
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +34,11 @@ def kv_halves(recorded_db: tuple) -> dict:
             "before": (start + 10_000, mid), "after": (mid, settle), "span": recorded_db[1:]}
 
 
-def compared(kv_halves: dict, tmp_path: Path, **changed: object) -> dict:
-    """compare over the two halves, with the configuration changed as given from the second half on."""
+def compared(kv_halves: dict, tmp_path: Path, source: Path | None = None, **changed: object) -> dict:
+    """compare over the two halves (of a copy of `source`, the recording's store by default), with the
+    configuration changed as given from the second half on."""
     path = tmp_path / "changed.duckdb"
-    path.write_bytes(Path(kv_halves["path"]).read_bytes())
+    path.write_bytes(Path(source or kv_halves["path"]).read_bytes())
     with Store.open(path) as store:
         cfg = liveconfig.load_snapshot_at(store, kv_halves["instance"], kv_halves["after"][0])
         assert cfg is not None
@@ -69,6 +71,20 @@ def test_a_prediction_the_server_did_not_meet_is_outside_the_bound(kv_halves: di
     assert p["withheld"] is None and p["changes"] == ["--num-gpu-blocks-override 8 -> 80"], p
     assert p["within_bound"] is False and "preemptions_per_s" in p["over"], p
     assert rows(doc)["preemptions_per_s"]["predicted"] == 0 < rows(doc)["preemptions_per_s"]["measured"]
+
+
+def test_an_after_window_whose_worker_lost_its_core_cannot_judge_the_prediction(kv_halves: dict,
+                                                                                  tmp_path: Path) -> None:
+    """The CPU backend's worker ran half its pace after the change: other work had its core, so what the after window
+    measured is that contention's. The prediction is withheld, saying which window; the before window's reading
+    (91 % of a core) is shown beside it."""
+    slowed = worker_slowed(tmp_path, kv_halves["after"][0], 0.5)
+    doc = compared(kv_halves, tmp_path, source=slowed, max_num_seqs=6)
+    p = doc["prediction"]
+    assert p["worker_busy"]["after"] == pytest.approx(0.45, abs=0.05) and p["rows"] == [], p
+    assert f"worker ran {p['worker_busy']['after']:.0%} of a core in the after window" in p["withheld"], p
+    assert compared(kv_halves, tmp_path, max_num_seqs=6)["prediction"]["worker_busy"]["before"] == \
+        pytest.approx(0.91, abs=0.05)
 
 
 def test_a_change_the_model_cannot_represent_withholds_it_by_name(kv_halves: dict, tmp_path: Path) -> None:

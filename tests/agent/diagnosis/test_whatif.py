@@ -203,6 +203,53 @@ def test_a_scrape_gap_longer_than_a_bin_loses_no_requests(session: dict, tmp_pat
     assert summed.increases["requests"] < 0.9 * w.measured.tally.increases["requests"]
 
 
+def worker_slowed(tmp_path: Path, start: int, share: float) -> Path:
+    """A store of the recording whose worker CPU counter grows at `share` of its recorded pace from `start` on
+    (the rest of its core taken by other work), with its configuration snapshots."""
+    import gzip
+
+    from vllm_sentinel.agent.demo.replay import restore_snapshots
+    from vllm_sentinel.agent.store.ingest import ingest_file
+
+    path, first = tmp_path / "slowed.prom", None
+    with gzip.open(default_recording(), "rt") as src, path.open("w") as out:
+        for line in src:
+            if line.startswith("vllm_sentinel_process_cpu_seconds_total{") and 'role="worker"' in line:
+                series, value, ts = line.rsplit(" ", 2)
+                if int(ts) > start:
+                    first = float(value) if first is None else first
+                    line = f"{series} {first + (float(value) - first) * share} {ts}"
+            out.write(line)
+    with Store.open(tmp_path / "slowed.duckdb") as store:
+        ingest_file(store, path)
+        restore_snapshots(store, load_metadata(default_recording()))
+    return tmp_path / "slowed.duckdb"
+
+
+def test_a_window_whose_busy_waiting_worker_lost_its_core_is_withheld(session: dict, tmp_path: Path) -> None:
+    """On the CPU backend vLLM's worker busy-waits on a core while requests run (the recording's kv window: 91 %
+    of one in its median bin). Where it ran at half that pace, something else had the core and the window's step times are not the
+    server's: the calibration says so and nothing is predicted."""
+    start, end = session["phases"]["kv_cache_pressure"]
+    doc = _doc(session, "kv_cache_pressure")
+    assert doc["calibration"]["worker_busy"] == pytest.approx(0.91, abs=0.05) and doc["withheld"] is None
+    said = f"worker ran {doc['calibration']['worker_busy']:.0%} of a core"
+    assert any(said in n for n in doc["calibration"]["notes"]), doc["calibration"]["notes"]
+    slowed = worker_slowed(tmp_path, start - 60_000, 0.5)
+    with Store.open(slowed, read_only=True) as store:
+        doc = whatif(Engine(store), store_configs(store, start, end), WhatIfQuery(start, end, None, ()))
+    assert doc["calibration"]["worker_busy"] == pytest.approx(0.45, abs=0.05)
+    said = f"worker ran {doc['calibration']['worker_busy']:.0%} of a core in the window"
+    assert doc["withheld"] and said in doc["withheld"], doc["withheld"]
+    assert all(sc["predicted"] is None for sc in doc["scenarios"])
+    # a GPU's worker does not busy-wait on its CPU: the same reading says nothing there
+    with Store.open(slowed, read_only=True) as store:
+        configs = store_configs(store, start, end)
+        gpu = lambda inst: (lambda v: v and ({**v[0], "platform": "cuda"}, v[1]))(configs(inst))
+        doc = whatif(Engine(store), gpu, WhatIfQuery(start, end, None, ()))
+    assert doc["calibration"]["worker_busy"] is None and doc["withheld"] is None
+
+
 def test_goodput_is_predicted_as_compare_will_read_it(session: dict) -> None:
     """The model counts goodput at the bucket bounds compare reads the server's histograms at (a 2 s TTFT
     objective on vLLM's buckets reads at 1 s): the replay of the kv window as configured predicts the goodput
