@@ -30,8 +30,8 @@ from vllm_sentinel.agent.demo.trials import Trial, TrialsReport, run_trials, sid
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 
-# the memory fix and two batch sizes as the three-restart test restarts them (branch restart-test, which takes 3
-# for the smaller batch: one sequence a step starves this host's API server), and a 128-token budget
+# the memory fix and two batch sizes as the live test restarts them (tests/integration/test_scenarios.py, which
+# takes 3 for the smaller batch: one sequence a step starves this host's API server), and a 128-token budget
 DEFAULT_TRIALS = ("--num-gpu-blocks-override=19", "--max-num-seqs=1", "--max-num-seqs=8", "--max-num-batched-tokens=128")
 
 

@@ -50,7 +50,7 @@ SATURATED_SHARE = 0.8
 POPULATION_GROWTH = 1.0
 MIN_REQUESTS = 20  # fewer completed requests in a window say too little about its workload to model it
 BUSY_RUNNING = 1.0  # a bin with at least this many requests running on average kept the worker stepping
-MIN_BUSY_BINS = 3
+MIN_BUSY_BINS = 2
 
 
 class NotEnoughTraffic(Exception):
@@ -204,7 +204,7 @@ class Workload:
 
     def worker_busy(self) -> float | None:
         """Cores vLLM's worker process ran (the sidecar's process collector) in the median bin that had a request
-        or more running and counted steps; None without that reading (a Prometheus source) or under 3 such bins.
+        or more running and counted steps; None without that reading (a Prometheus source) or under 2 such bins.
         The median, so that a bin the engine stopped or went idle in part of does not read as a lost core."""
         shares = sorted(b.increases["worker_cpu"] / b.seconds for b in self.bins
                         if "worker_cpu" in b.increases and b.increases.get("steps", 0.0) > 0

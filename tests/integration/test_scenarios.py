@@ -24,6 +24,7 @@ import pytest
 
 from vllm_sentinel.agent.alerts.rulepack import load_pack
 from vllm_sentinel.agent.daemon import client
+from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig, load_snapshot_at
 from vllm_sentinel.agent.diagnosis.sim_calibrate import CONTENDED_BELOW
@@ -33,7 +34,9 @@ from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.daemon.paths import socket_path_for
 from vllm_sentinel.agent.demo.prometheus_server import PrometheusServer
 from vllm_sentinel.agent.demo.scenarios import ScenarioRun
-from vllm_sentinel.agent.demo.verify import fix_to_apply, restart_with_fix
+from vllm_sentinel.agent.demo.child_load import run_in_child
+from vllm_sentinel.agent.demo.trials import Trial, run_trials, sidecar_stored_through
+from vllm_sentinel.agent.demo.verify import fix_to_apply
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.collectors.pyspy import RateLimiter
 from vllm_sentinel.collectors.timefmt import iso_seconds
@@ -80,6 +83,17 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
     prometheus = PrometheusServer(db.parent / "prometheus", targets=[server.instance],
                                   scrape_interval=f"{PROMETHEUS_SCRAPE_S}s", scrape_timeout=f"{PROMETHEUS_SCRAPE_S}s")
     prometheus.start()
+    rig = Rig(server, db, start_daemon(server, db), prometheus, [])
+    try:
+        yield rig
+    finally:
+        prometheus.stop()
+        stop_daemon(rig.daemon)
+        server.stop()
+
+
+def start_daemon(server: VllmServer, db: Path) -> subprocess.Popen[str]:
+    """`vllm-sentinel run` watching the server at 1 s into db, once it has stored a few scrapes."""
     daemon = subprocess.Popen([sys.executable, "-m", "vllm_sentinel", "run", "--target", server.url, "--db", str(db),
                                "--interval", "1s", "--metrics-port", "0",
                                # a busy 2-core CI host answers /metrics in over 1 s at times; a failed scrape
@@ -87,14 +101,9 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
                                "--scrape-timeout", "3s"],
                               # its own session, as the README says to run it (autogroup: see test_sidecar_live)
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _wait_for_daemon(db, daemon)
-        time.sleep(5)  # a few scrapes and the first configuration snapshot before any scenario
-        yield Rig(server, db, daemon, prometheus, [])
-    finally:
-        prometheus.stop()
-        stop_daemon(daemon)
-        server.stop()
+    _wait_for_daemon(db, daemon)
+    time.sleep(5)  # a few scrapes and the first configuration snapshot before any scenario
+    return daemon
 
 
 def stop_daemon(daemon: subprocess.Popen[str]) -> None:
@@ -381,16 +390,6 @@ def test_kv_cache_pressure(rig: Rig, record_property: Callable[[str, object], No
                 assert kv["id"] in inc["caused_by"], (inc["incident"], inc["caused_by"], kv["id"])
 
 
-def incident_spans(rig: Rig, start_ms: int, end_ms: int) -> list[tuple]:
-    """(incident, start, end) of what `diagnose` finds over the span, for a failure's message."""
-    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "diagnose", "--db", str(rig.db), "--since",
-                          f"{(end_ms - start_ms) / 1000:.3f}s", "--until", f"{end_ms / 1000:.3f}", "--format", "json"],
-                         capture_output=True, text=True, timeout=300)
-    if res.returncode != 0:
-        return [("diagnose failed", res.stderr[-300:])]
-    return [(i["incident"], i["start"], i.get("end")) for i in json.loads(res.stdout)["incidents"]]
-
-
 def _overlap(a: dict, b: dict) -> bool:
     """Two incidents' [start, end] spans (an open end: still firing) overlap."""
     def end(i: dict) -> str:
@@ -398,79 +397,115 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["start"] <= end(b) and b["start"] <= end(a)
 
 
-# the same clients after the restart: CI left only 34 s past the 10 s settling margin after 80 s; 4 intervals of 10 s a side are needed
-VERIFY_HOLD_S = 120.0
+# each configuration's load: its 10 s ramp (trials.RAMP_MS), then 40 s measured (compare's test needs 25 s)
+TRIAL_HOLD_S = 50.0
 
 
-def test_compare_verifies_the_kv_fix(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    """The kv_cache_pressure fix applied for real: the server restarted with the first-ranked fix (the memory
-    lever: the override capped the cache at 8 blocks while 1 GiB of KV space was reserved) while the daemon
-    keeps recording, the same traffic again; `compare --change auto` names the configuration change, finds
-    preemptions down beyond the noise, the incident stopped and the verdict improved. The model's prediction
-    is recorded beside the measurement. (Later tests run on this server.)"""
+def test_three_restarts_predicted_then_measured(rig: Rig, tmp_path: Path,
+                                                record_property: Callable[[str, object], None]) -> None:
+    """The what-if model against three real restarts of the server under the same load (agent/demo/trials.py):
+    the kv_cache_pressure incident's memory fix (ranked first by diagnose), a smaller --max-num-seqs and a
+    larger one, each predicted from the window before any restart, then measured.
+    Every throughput prediction is within the model's 30 % bound (TTFT p95 is judged and recorded), the
+    trial ranked first measured the best goodput, and compare over the memory fix names the change, finds
+    preemptions down and the verdict improved, with its own prediction beside the measurement. The harness's
+    flags are proven here too: --max-num-seqs queues requests. (Later tests run on this server.)"""
     before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
     if before is None:  # run alone (-k): the scenario first
         before, _doc = diagnosed(rig, record_property, scenarios.kv_cache_pressure)
     doc = next(d for r, d in rig.runs if r is before)
-    fix = fix_to_apply(doc["incidents"], "kv_cache_pressure")
     inc = next(i for i in doc["incidents"] if i["incident"] == "kv_cache_pressure")
+    fix = fix_to_apply(doc["incidents"], "kv_cache_pressure")
+    # the memory lever first: the override capped the cache at 8 blocks while 1 GiB of KV space was reserved
     assert fix is not None and fix["param"] == "--num-gpu-blocks-override", inc["fixes"]
     assert int(fix["suggested"]) > int(fix["current"]) == 8, fix
     # the fix that shrinks the batch is never first: where the model ranked, it is marked as a trade or ranked lower
-    seqs = [f for f in inc["fixes"] if f["param"] == "--max-num-seqs"]
+    seqs = [f for f in inc["fixes"] if f["param"] == "--max-num-seqs" and str(f.get("suggested") or "").isdigit()]
     assert not seqs or inc["fixes"].index(seqs[0]) > inc["fixes"].index(fix), inc["fixes"]
-    record_property("model", [inc.get("model"), [(f["param"], f.get("rank"), f.get("predicted")) for f in inc["fixes"]]])
-    instance = rig.server.instance
-    restart_with_fix(rig.server, fix)
-    assert rig.server.instance == instance  # the same target for the daemon: one instance, before and after
-    after = scenarios.kv_cache_pressure(rig.server, VERIFY_HOLD_S)
-    assert_traffic_served(after)
-    stored_through(rig, after.end_ms)
-    res = subprocess.run([sys.executable, "-m", "vllm_sentinel", "compare", "--change", "auto", "--db", str(rig.db),
-                          "--since", f"{(after.end_ms - before.start_ms) / 1000:.3f}s",
-                          "--until", f"{after.end_ms / 1000:.3f}", "--settle", "10s", "--format", "json"],
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    cmp = json.loads(res.stdout)
-    print(json.dumps({k: cmp[k] for k in ("window", "config_changes", "load", "incidents", "verdict", "slo")}))
-    # on failure: whether vLLM preempted at all after the fix, and the spans of the incidents each side counted
-    print(json.dumps({"preemptions_per_s": [s for s in cmp["signals"] if s["name"] == "preemptions_per_s"],
-                      "verdict_reasons": cmp["verdict_reasons"],
-                      "incidents": incident_spans(rig, before.start_ms, after.end_ms)}))
+    record_property("diagnose_model", [inc.get("model"), [(f["param"], f.get("rank"), f.get("predicted"))
+                                                          for f in inc["fixes"]]])
+    # a smaller batch at 3, not the incident's 1: one sequence a step starved this host's API server and the
+    # sidecar's scrapes of it (0.5 s a request held past vLLM, a 25 s gap in the window), which the model leaves out
+    trials = [Trial(fix["param"], int(fix["suggested"])),
+              Trial("--max-num-seqs", 3),
+              # a larger batch, which the model must see buys nothing while the KV blocks bind
+              Trial("--max-num-seqs", 8)]
+    # this process records through the restarts, as the bench does: only recording, so no incident report or
+    # stack capture takes a CPU from vLLM mid-window; the daemon comes back for the later tests
+    stop_daemon(rig.daemon)
+    try:  # a report's chart process the daemon left drawing would take a CPU from vLLM in the baseline
+        os.killpg(rig.daemon.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    (tmp_path / "no-rules").mkdir()
+    sidecar = build_sidecar(DaemonOptions(targets=[rig.server.url], db=rig.db, interval_s=1.0, metrics_port=None,
+                                          reports_dir=tmp_path / "reports", rules=[tmp_path / "no-rules"]))
+    sidecar.start()
+    time.sleep(5)  # its first scrapes and configuration snapshot before the baseline
+    try:
+        report = run_trials(running(rig), sidecar.store.reader,
+                            lambda s, hold: run_in_child("kv_cache_pressure", s, hold), trials, TRIAL_HOLD_S,
+                            load_pack(), say=print, wait_stored=lambda ms: sidecar_stored_through(sidecar, ms),
+                            restore=False)
+    finally:
+        sidecar.stop()
+        sidecar.store.close()
+        rig.daemon = start_daemon(rig.server, rig.db)
+    print(json.dumps(report.as_dict()))
+    record_property("trials", [(o.trial.label, o.rank, o.predicted, o.measured, o.error, o.over, o.notes,
+                                o.goodput_rps, o.verdict, o.clients) for o in report.outcomes])
+    record_property("baseline", [report.baseline_measured, report.baseline_goodput_rps, report.model,
+                                 report.baseline_reruns])
+    record_property("worker_busy", [report.model.get("worker_busy")] + [(o.worker_busy, o.reruns)
+                                                                        for o in report.outcomes])
+    # a window in which the host took vLLM's busy-waiting worker's core (a VM's steal, another process) measures
+    # the host: the trials ran such a load once more; the model withholds a calibration on one still contended
+    # and a restart measured in one is not held to the prediction (two fresh-clone CI runs measured the kv load at
+    # 457 and 610 tokens/s where this VM runs it at 786-1,121, before this reading was recorded)
+    if report.model.get("withheld") and "worker ran" in report.model["withheld"]:
+        pytest.skip(f"the host took vLLM's CPU in both baseline loads: {report.model['withheld']}")
+    assert not report.model.get("withheld"), report.model
+    # throughput within the bound on every restart. TTFT p95 is judged (o.over, o.notes) and recorded, not asserted:
+    # the memory fix's TTFT sits at vLLM's 1 s bucket bound, where a model ~15 % fast on the bigger batch reads
+    # 0.99 s and the server 1.7-2.1 s (88-91 % of requests under 1 s, the rest somewhere in 1-2.5 s)
+    for o in report.outcomes:
+        assert o.clients.get("ok"), (o.trial.label, o.clients)
+        assert o.predicted is not None, (o.trial.label, report.model)
+        if o.worker_busy is None or o.worker_busy >= CONTENDED_BELOW:
+            assert "generation_tokens_per_s" not in o.over, (o.trial.label, o.predicted, o.measured, o.error)
+    first, best = report.ranked_first(), report.measured_best()
+    assert first is not None and best is not None and first.trial == best.trial, \
+        [(o.trial.label, o.rank, o.goodput_rps) for o in report.outcomes]
+    # --max-num-seqs below the load's 12 clients really queues them
+    fewer = next(o for o in report.outcomes if o.trial.flag == "--max-num-seqs" and o.trial.value < 4)
+    assert (fewer.measured.get("queue_p95_s") or 0) > 0, fewer.measured
+    # the memory fix, as compare judges it: the change named, preemptions down beyond the noise, improved
+    memory = next(o for o in report.outcomes if o.trial.flag == fix["param"])
+    cmp = memory.compare
+    print(json.dumps({k: cmp.get(k) for k in ("window", "config_changes", "load", "incidents", "verdict", "slo",
+                                               "prediction")}))
     changes = {c["param"]: c for c in cmp["config_changes"]}
     assert changes.get(fix["param"], {}).get("before") == fix["current"], cmp["config_changes"]
     assert changes[fix["param"]]["after"] == fix["suggested"], cmp["config_changes"]
-    signals = {s["name"]: s for s in cmp["signals"]}
-    pre = signals["preemptions_per_s"]
+    pre = {s["name"]: s for s in cmp["signals"]}["preemptions_per_s"]
     assert pre["after"] < pre["before"] and pre["significant"] and pre["better"], (pre["method"], pre)
-    assert "kv_cache_pressure" in cmp["incidents"]["before"], cmp["incidents"]
-    assert "kv_cache_pressure" in cmp["incidents"]["stopped"], cmp["incidents"]
-    record_property("compare_window", cmp["window"])
-    record_property("preemptions_per_s", [pre["before"], pre["after"], pre["method"]])
-    record_property("verdict", [cmp["verdict"], cmp["verdict_reasons"], cmp["slo"]])
-    record_property("predicted_vs_measured", {"predicted": fix.get("predicted"), "measured": {
-        k: signals[k]["after"] for k in ("ttft_p95_seconds", "generation_tokens_per_s", "preemptions_per_s",
-                                         "goodput_rps") if k in signals}})
-    # more blocks for the same batch: preemptions stop and nothing headline gets worse
     assert cmp["verdict"] == "improved", cmp["verdict_reasons"]
-    # a prediction shown is within the model's bound of what the restart measured, or it was withheld
-    # (TTFT p95 is recorded, not asserted: both sides read it inside vLLM's 1-2.5 s bucket). A window in which
-    # vLLM's busy-waiting worker lost its core to other work (a VM's steal, the suite's other processes) is no
-    # measure of the server's speed: the model withholds a calibration on one, and compare a judgement by one
-    busy_after = (cmp["prediction"] or {}).get("worker_busy", {}).get("after")
-    record_property("worker_busy", [inc["model"].get("worker_busy"), busy_after])
-    if fix.get("predicted") and busy_after is not None and busy_after < CONTENDED_BELOW:
-        assert "worker ran" in cmp["prediction"]["withheld"], cmp["prediction"]
-    elif fix.get("predicted"):
-        predicted, measured = fix["predicted"]["throughput_tps"], signals["generation_tokens_per_s"]["after"]
-        assert abs(measured - predicted) <= 0.3 * predicted, (predicted, measured, busy_after, inc["model"])
+    # compare's own prediction: from the baseline window alone, for the configuration it found after the restart
+    rows = {r["key"]: r for r in (cmp["prediction"] or {}).get("rows", [])}
+    if memory.worker_busy is not None and memory.worker_busy < CONTENDED_BELOW:
+        assert "worker ran" in (cmp["prediction"]["withheld"] or ""), cmp["prediction"]
     else:
-        assert inc["model"].get("withheld"), inc["model"]
+        assert cmp["prediction"]["withheld"] is None and "generation_tokens_per_s" not in cmp["prediction"]["over"], \
+            cmp["prediction"]
+        assert rows["preemptions_per_s"]["predicted"] == 0 == rows["preemptions_per_s"]["measured"], rows
 
 
 def test_target_down(rig: Rig, record_property: Callable[[str, object], None]) -> None:
+    pgid = running(rig).pid
     run, doc = diagnosed(rig, record_property, scenarios.target_down)
-    assert not rig.server.is_running()
+    assert not rig.server.is_running() and pgid is not None
+    with pytest.raises(ProcessLookupError):  # the harness stopped the whole group (API server, EngineCore)
+        os.killpg(pgid, 0)
     found = assert_labelled_with_fix(doc, run)
     assert all(_ms(i["start"]) >= run.phase("stopping") - 1000 for i in found), found
 

@@ -78,7 +78,7 @@ def test_an_after_window_whose_worker_lost_its_core_cannot_judge_the_prediction(
     """The CPU backend's worker ran half its pace after the change: other work had its core, so what the after window
     measured is that contention's. The prediction is withheld, saying which window; the before window's reading
     (91 % of a core) is shown beside it."""
-    slowed = worker_slowed(tmp_path, kv_halves["after"][0], 0.5)
+    slowed = worker_slowed(tmp_path, [(kv_halves["after"][0], kv_halves["after"][1] + 10_000)], 0.5)
     doc = compared(kv_halves, tmp_path, source=slowed, max_num_seqs=6)
     p = doc["prediction"]
     assert p["worker_busy"]["after"] == pytest.approx(0.45, abs=0.05) and p["rows"] == [], p

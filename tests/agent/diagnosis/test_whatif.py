@@ -203,22 +203,24 @@ def test_a_scrape_gap_longer_than_a_bin_loses_no_requests(session: dict, tmp_pat
     assert summed.increases["requests"] < 0.9 * w.measured.tally.increases["requests"]
 
 
-def worker_slowed(tmp_path: Path, start: int, share: float) -> Path:
-    """A store of the recording whose worker CPU counter grows at `share` of its recorded pace from `start` on
-    (the rest of its core taken by other work), with its configuration snapshots."""
+def worker_slowed(tmp_path: Path, spans: list[tuple[int, int]], share: float) -> Path:
+    """A store of the recording whose worker CPU counter grows at `share` of its recorded pace inside each
+    (start, end] of `spans` (the rest of its core taken by other work), with its configuration snapshots."""
     import gzip
 
     from vllm_sentinel.agent.demo.replay import restore_snapshots
     from vllm_sentinel.agent.store.ingest import ingest_file
 
-    path, first = tmp_path / "slowed.prom", None
+    path, lost, last = tmp_path / "slowed.prom", 0.0, None
     with gzip.open(default_recording(), "rt") as src, path.open("w") as out:
-        for line in src:
+        for line in src:  # the recording is in time order: one pass keeps the counter monotonic
             if line.startswith("vllm_sentinel_process_cpu_seconds_total{") and 'role="worker"' in line:
                 series, value, ts = line.rsplit(" ", 2)
-                if int(ts) > start:
-                    first = float(value) if first is None else first
-                    line = f"{series} {first + (float(value) - first) * share} {ts}"
+                v = float(value)
+                if last is not None and any(a < int(ts) <= b for a, b in spans):
+                    lost += (v - last) * (1 - share)
+                last = v
+                line = f"{series} {v - lost} {ts}"
             out.write(line)
     with Store.open(tmp_path / "slowed.duckdb") as store:
         ingest_file(store, path)
@@ -235,7 +237,7 @@ def test_a_window_whose_busy_waiting_worker_lost_its_core_is_withheld(session: d
     assert doc["calibration"]["worker_busy"] == pytest.approx(0.91, abs=0.05) and doc["withheld"] is None
     said = f"worker ran {doc['calibration']['worker_busy']:.0%} of a core"
     assert any(said in n for n in doc["calibration"]["notes"]), doc["calibration"]["notes"]
-    slowed = worker_slowed(tmp_path, start - 60_000, 0.5)
+    slowed = worker_slowed(tmp_path, [(start - 60_000, end + 60_000)], 0.5)
     with Store.open(slowed, read_only=True) as store:
         doc = whatif(Engine(store), store_configs(store, start, end), WhatIfQuery(start, end, None, ()))
     assert doc["calibration"]["worker_busy"] == pytest.approx(0.45, abs=0.05)
