@@ -24,7 +24,7 @@ from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives, predict_fixes
-from vllm_sentinel.agent.diagnosis.sim_calibrate import CONTENDED_BELOW, ERROR_FLOORS, judge, relative_error
+from vllm_sentinel.agent.diagnosis.sim_calibrate import ERROR_FLOORS, judge, lost_its_core, relative_error
 from vllm_sentinel.agent.diagnosis.sim_workload import Measured, Workload, read_workload
 from vllm_sentinel.agent.diagnosis.whatif import store_configs
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
@@ -126,11 +126,6 @@ def measured_window(store: Any, instance: str, window: tuple[int, int]) -> Workl
     return read_workload(Engine(store), instance, window[0], window[1])
 
 
-def contended(busy: float | None) -> bool:
-    """The CPU backend's worker ran under the model's contention bound: the window is the host's, not the server's."""
-    return busy is not None and busy < CONTENDED_BELOW
-
-
 def predict(store: Any, instance: str, window: tuple[int, int], trials: Sequence[Trial],
             config: dict[str, Any], objectives: Objectives) -> tuple[dict[str, Any], list[TrialOutcome]]:
     """The model block and each trial's outcome with its prediction and rank, in ranked order, from the window."""
@@ -168,7 +163,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
         wait_stored(base.end_ms)
         store = reader()
         model, outcomes = predict(store, instance, baseline, trials, dataclasses.asdict(first), objectives)
-        if baseline_reruns or not contended(model.get("worker_busy")):
+        if baseline_reruns or not lost_its_core(model.get("worker_busy")):
             break
         baseline_reruns += 1
         say(f"trials: vLLM's worker ran {model['worker_busy']:.0%} of a core in that window; the load once more")
@@ -188,7 +183,7 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
                 store = reader()
                 seen = measured_window(store, instance, o.window)
                 o.worker_busy = seen.worker_busy()  # the demo's servers are vLLM's CPU backend
-                if o.reruns or not contended(o.worker_busy):
+                if o.reruns or not lost_its_core(o.worker_busy):
                     break
                 o.reruns += 1
                 say(f"trials: vLLM's worker ran {o.worker_busy:.0%} of a core in that window; the load once more")

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_sentinel.agent.diagnosis.fix_ranking import KNOB_OF_PARAM
-from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, CONTENDED_BELOW, ERROR_FLOORS, JUDGED,
-                                                         Unrepresentable, contended, judge, relative_error)
+from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, ERROR_FLOORS, JUDGED,
+                                                         Unrepresentable, contended, judge, lost_its_core,
+                                                         relative_error)
 from vllm_sentinel.agent.diagnosis.sim_workload import Measured, NotEnoughTraffic, read_workload
 from vllm_sentinel.agent.diagnosis.vllm_defaults import PLATFORM_CPU
 from vllm_sentinel.agent.diagnosis.whatif import WhatIfQuery, whatif
@@ -73,7 +74,7 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
         return block
     busy = seen.worker_busy() if (config or {}).get("platform") == PLATFORM_CPU else None
     block["worker_busy"]["after"] = None if busy is None else round(busy, 4)
-    if busy is not None and busy < CONTENDED_BELOW:
+    if lost_its_core(busy):
         block["withheld"] = f"{contended(busy, 'the after window')}: its measurement cannot judge the prediction"
         return block
     query = WhatIfQuery(before[0], before[1], instance, sets=tuple(sets), ttft_slo_s=objectives[0],

@@ -213,9 +213,14 @@ def calibrate(workload: Workload, config: EngineConfig, seed: int = 0, busy_wait
     if busy is not None:
         notes.append(f"vLLM's worker ran {busy:.0%} of a core while requests were running (alone it busy-waits "
                      "on one)")
-        if busy < CONTENDED_BELOW and withheld is None:
+        if lost_its_core(busy) and withheld is None:
             withheld = contended(busy, "the window") + "; its predictions are not shown"
     return Calibration(step_time, how, measured, modelled, error, withheld, notes, busy)
+
+
+def lost_its_core(busy: float | None) -> bool:
+    """A CPU-backend worker read under CONTENDED_BELOW cores (None: not read, so not known to be contended)."""
+    return busy is not None and busy < CONTENDED_BELOW
 
 
 def contended(busy: float, window: str) -> str:

@@ -27,7 +27,7 @@ from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig, load_snapshot_at
-from vllm_sentinel.agent.diagnosis.sim_calibrate import CONTENDED_BELOW
+from vllm_sentinel.agent.diagnosis.sim_calibrate import lost_its_core
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
@@ -471,7 +471,7 @@ def test_three_restarts_predicted_then_measured(rig: Rig, tmp_path: Path,
     for o in report.outcomes:
         assert o.clients.get("ok"), (o.trial.label, o.clients)
         assert o.predicted is not None, (o.trial.label, report.model)
-        if o.worker_busy is None or o.worker_busy >= CONTENDED_BELOW:
+        if not lost_its_core(o.worker_busy):
             assert "generation_tokens_per_s" not in o.over, (o.trial.label, o.predicted, o.measured, o.error)
     first, best = report.ranked_first(), report.measured_best()
     assert first is not None and best is not None and first.trial == best.trial, \
@@ -492,7 +492,7 @@ def test_three_restarts_predicted_then_measured(rig: Rig, tmp_path: Path,
     assert cmp["verdict"] == "improved", cmp["verdict_reasons"]
     # compare's own prediction: from the baseline window alone, for the configuration it found after the restart
     rows = {r["key"]: r for r in (cmp["prediction"] or {}).get("rows", [])}
-    if memory.worker_busy is not None and memory.worker_busy < CONTENDED_BELOW:
+    if lost_its_core(memory.worker_busy):
         assert "worker ran" in (cmp["prediction"]["withheld"] or ""), cmp["prediction"]
     else:
         assert cmp["prediction"]["withheld"] is None and "generation_tokens_per_s" not in cmp["prediction"]["over"], \
