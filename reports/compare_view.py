@@ -195,9 +195,11 @@ def prediction_head(doc: dict) -> str | None:
     what = "; ".join(p.get("changes") or []) or "the change"
     if p.get("withheld"):
         return f"prediction for {what}: withheld: {p['withheld']}"
+    said = f"predicted from the before window alone for {what}, beside what the after window measured: "
+    if p.get("unjudged"):
+        return said + f"not judged: {p['unjudged']}"
     held = "within" if p.get("within_bound") else "outside"
-    return f"predicted from the before window alone for {what}, beside what the after window measured: " \
-           f"{held} the model's {p.get('bound', 0.3):.0%} bound"
+    return said + f"{held} the model's {p.get('bound', 0.3):.0%} bound"
 
 
 def render_prediction(console: Console, doc: dict) -> None:

@@ -7,7 +7,9 @@ the same load runs again, and what the server measured is set beside what was pr
 throughput with the model's error, goodput and the verdict by `compare`'s one decision procedure. The
 server is restarted as it was configured at the end (unless asked not to). A load whose window the host took
 vLLM's CPU in (a CPU-backend worker under the model's contention bound) says nothing of the configuration: it
-runs once more, and the second window is the one used. Used by bench/whatif_restarts.py and the live test.
+runs once more, and the second window is the one used. A window whose engine steps ran at another speed than the
+model fitted (agent/diagnosis/step_speed.py) is measured and shown, but judges neither the prediction nor the
+ranking. Used by bench/whatif_restarts.py and the live test.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.agent.diagnosis.compare import CompareRequest, compare
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.fix_ranking import Objectives, predict_fixes
-from vllm_sentinel.agent.diagnosis.sim_calibrate import ERROR_FLOORS, judge, lost_its_core, relative_error
+from vllm_sentinel.agent.diagnosis.sim_calibrate import (ERROR_FLOORS, Unrepresentable, engine_config, judge,
+                                                         lost_its_core, relative_error)
 from vllm_sentinel.agent.diagnosis.sim_workload import Measured, Workload, read_workload
+from vllm_sentinel.agent.diagnosis.step_speed import StepSpeed, step_speed, step_time_of
 from vllm_sentinel.agent.diagnosis.whatif import store_configs
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.promql.engine import Engine
@@ -73,6 +77,14 @@ class TrialOutcome:
     compare: dict[str, Any] = field(default_factory=dict)  # compare's document, baseline vs this trial
     worker_busy: float | None = None  # cores the CPU backend's worker ran in the window (None: not read)
     reruns: int = 0  # loads run again because the host took vLLM's CPU in the window
+    step_speed: dict[str, Any] | None = None  # the window's steps against the model's step time (StepSpeed)
+    unjudged: str | None = None  # why the measurement judges neither the prediction nor the ranking
+
+    @property
+    def comparable(self) -> bool:
+        """Whether the window measured the configuration, not the host: its worker held its core and its steps ran
+        at the model's speed."""
+        return not lost_its_core(self.worker_busy) and self.unjudged is None
 
     def as_dict(self) -> dict[str, Any]:
         """The outcome as JSON-ready data."""
@@ -98,8 +110,9 @@ class TrialsReport:
         return next((o for o in self.outcomes if o.rank == 1), None)
 
     def measured_best(self) -> TrialOutcome | None:
-        """The trial whose measured goodput was highest (ties: higher measured throughput)."""
-        done = [o for o in self.outcomes if o.goodput_rps is not None]
+        """Of the trials whose windows measured the configuration (TrialOutcome.comparable), the one whose measured
+        goodput was highest (ties: higher measured throughput)."""
+        done = [o for o in self.outcomes if o.goodput_rps is not None and o.comparable]
         return max(done, key=lambda o: (o.goodput_rps or 0.0, o.measured.get("generation_tokens_per_s") or 0.0),
                    default=None)
 
@@ -188,6 +201,12 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
                 o.reruns += 1
                 say(f"trials: vLLM's worker ran {o.worker_busy:.0%} of a core in that window; the load once more")
             o.measured = seen.measured.as_dict()
+            speed = window_speed(store, instance, o.window, seen, model)
+            if speed is not None:
+                o.step_speed = speed.as_dict()
+                if speed.changed:
+                    o.unjudged = speed.reason("this trial's window")
+                    say(f"trials: {o.unjudged}")
             if o.predicted is not None:
                 judge_trial(o, seen.measured)
             cmp = compare(store_source(store, pack_window_evaluator(pack)),
@@ -204,14 +223,29 @@ def run_trials(server: VllmServer, reader: Callable[[], Any], scenario: Scenario
     return TrialsReport(baseline, measured, base_goodput, model, outcomes, baseline_reruns)
 
 
+def window_speed(store: Any, instance: str, window: tuple[int, int], seen: Workload,
+                 model: dict[str, Any]) -> StepSpeed | None:
+    """The window's step speed against the baseline's fitted step time; None without either, or where the window's
+    configuration cannot be modelled."""
+    found = store_configs(store, *window)(instance)
+    if found is None or not model.get("step_time"):
+        return None
+    try:
+        return step_speed(step_time_of(model["step_time"]), seen, engine_config(found[0]))
+    except Unrepresentable:
+        return None
+
+
 def judge_trial(o: TrialOutcome, seen: Measured) -> None:
     """The prediction's error on each judged figure, and those past the bound, by the calibration's own judge:
-    a predicted p95 the buckets cannot tell from the measured p90..p99 passes with a note."""
+    a predicted p95 the buckets cannot tell from the measured p90..p99 passes with a note. An unjudged outcome
+    keeps its errors and has nothing past the bound."""
     modelled = {k: _predicted(o.predicted or {}, k) for k in JUDGED}
     measured = seen.as_dict()
     o.error = {k: relative_error(modelled[k], measured.get(k), ERROR_FLOORS[k]) for k in JUDGED}
-    over, o.notes = judge(o.error, modelled, seen)
-    o.over = [k for k, _e in over]
+    over, notes = judge(o.error, modelled, seen)
+    if o.unjudged is None:
+        o.over, o.notes = [k for k, _e in over], notes
 
 
 def steady_window(run: ScenarioRun, hold_s: float) -> tuple[int, int]:

@@ -5,7 +5,9 @@ Nothing of the after window goes into the prediction but its configuration: it i
 would have printed before the change, from the same history. A change the model does not represent (another
 model, dtype or parallelism moves the step time the calibration fitted) withholds it, naming the setting;
 so do a before window the model cannot calibrate on and traffic that changed between the sides (requests of
-other lengths, or an open loop's arrival rate): the model replays the before window's traffic.
+other lengths, or an open loop's arrival rate): the model replays the before window's traffic. An after window
+whose engine steps ran at another speed than the model's (agent/diagnosis/step_speed.py) shows the prediction
+beside its measurement without judging it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from vllm_sentinel.agent.diagnosis.fix_ranking import KNOB_OF_PARAM
 from vllm_sentinel.agent.diagnosis.sim_calibrate import (CALIBRATION_BOUND, ERROR_FLOORS, JUDGED,
                                                          Unrepresentable, contended, judge, lost_its_core,
                                                          relative_error)
+from vllm_sentinel.agent.diagnosis.sim_scheduler import EngineConfig
 from vllm_sentinel.agent.diagnosis.sim_workload import Measured, NotEnoughTraffic, read_workload
+from vllm_sentinel.agent.diagnosis.step_speed import step_speed, step_time_of
 from vllm_sentinel.agent.diagnosis.vllm_defaults import PLATFORM_CPU
 from vllm_sentinel.agent.diagnosis.whatif import WhatIfQuery, whatif
 from vllm_sentinel.agent.diagnosis.whatif_knobs import BadKnob
@@ -53,7 +57,7 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
     block: dict[str, Any] = {"basis": "the model calibrated on the before window, asked for the after window's "
                                       "configuration", "changes": [], "bound": CALIBRATION_BOUND,
                              "withheld": None, "rows": [], "within_bound": None, "over": [], "notes": [],
-                             "worker_busy": {"before": None, "after": None}}
+                             "worker_busy": {"before": None, "after": None}, "step_speed": None, "unjudged": None}
     if not sets and not unmodelled:
         block["withheld"] = "no setting the model represents changed"
         return block
@@ -94,6 +98,12 @@ def predict_change(engine: Any, instance: str, before: tuple[int, int], after: t
     if doc["withheld"]:
         block["withheld"] = doc["withheld"]
         return block
+    speed = step_speed(step_time_of(doc["calibration"]["step_time"]), seen,
+                       EngineConfig(**doc["scenarios"][1]["config"]))
+    if speed is not None:
+        block["step_speed"] = speed.as_dict()
+        if speed.changed:
+            block["unjudged"] = speed.reason("the after window")
     _judge(block, doc["scenarios"][1]["predicted"], seen.measured, goodput_after)
     return block
 
@@ -130,13 +140,16 @@ def _sets(changes: list[dict]) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def _judge(block: dict, predicted: dict, seen: Measured, goodput_after: float | None) -> None:
-    """Fill the rows (predicted, measured, error) and the verdict on the bound, as the calibration judges."""
+    """Fill the rows (predicted, measured, error) and the verdict on the bound, as the calibration judges; an
+    unjudged block keeps its rows and gives no verdict."""
     measured = {**seen.as_dict(), "goodput_rps": goodput_after}
     floors = {**ERROR_FLOORS, "goodput_rps": GOODPUT_FLOOR}
     error = {key: relative_error(predicted.get(key), measured.get(name), floors[key]) for key, name, _l in SHOWN}
     over, notes = judge({k: error[k] for k in JUDGED}, predicted, seen)
     block["rows"] = [{"signal": label, "key": key, "predicted": predicted.get(key), "measured": measured.get(name),
                       "error": None if error[key] is None else round(error[key], 4)} for key, name, label in SHOWN]
+    if block["unjudged"]:
+        return
     block["over"] = [k for k, _e in over]
     block["within_bound"] = not over
     block["notes"] += notes

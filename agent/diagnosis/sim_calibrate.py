@@ -62,6 +62,8 @@ class Calibration:
     withheld: str | None = None
     notes: list[str] = field(default_factory=list)
     worker_busy: float | None = None  # cores the CPU backend's worker ran while requests ran (None: not read)
+    mean_step_s: float | None = None  # the window's mean step the fit was pinned to, and its tokens (recomputed
+    tokens_per_step: float | None = None  # ones counted): what step_speed sets another window's model against
 
     def as_dict(self) -> dict[str, Any]:
         """The calibration block of the whatif document."""
@@ -71,7 +73,8 @@ class Calibration:
                 "measured": {k: _r(v) for k, v in self.measured.items()},
                 "modelled": {k: _r(v) for k, v in self.modelled.items()},
                 "error": {k: _r(v) for k, v in self.error.items()}, "bound": CALIBRATION_BOUND,
-                "withheld": self.withheld, "notes": self.notes, "worker_busy": _r(self.worker_busy)}
+                "withheld": self.withheld, "notes": self.notes, "worker_busy": _r(self.worker_busy),
+                "mean_step_s": _r(self.mean_step_s), "tokens_per_step": _r(self.tokens_per_step)}
 
 
 def engine_config(cfg: Mapping[str, Any]) -> EngineConfig:
@@ -189,6 +192,7 @@ def calibrate(workload: Workload, config: EngineConfig, seed: int = 0, busy_wait
     # steps a prefill shares (other prompts, recomputation, decodes) are the replay's, not one prompt's alone
     recompute = replay.recomputed_tokens / replay.total_preemptions \
         if replay.total_preemptions and workload.measured.rate("preemptions") > 0 else 0.0
+    mean_step, tokens_per_step, _how = _mean_step(workload, recompute)
     if recompute or replay.mix:
         refit, how = fit_step_time(workload, recompute, replay.mix)
         # a light load's prefills run alone and nothing is recomputed: the refit moves nothing worth a replay
@@ -215,7 +219,7 @@ def calibrate(workload: Workload, config: EngineConfig, seed: int = 0, busy_wait
                      "on one)")
         if lost_its_core(busy) and withheld is None:
             withheld = contended(busy, "the window") + "; its predictions are not shown"
-    return Calibration(step_time, how, measured, modelled, error, withheld, notes, busy)
+    return Calibration(step_time, how, measured, modelled, error, withheld, notes, busy, mean_step, tokens_per_step)
 
 
 def lost_its_core(busy: float | None) -> bool:

@@ -27,7 +27,7 @@ from vllm_sentinel.agent.daemon import client
 from vllm_sentinel.agent.daemon.wiring import DaemonOptions, build_sidecar
 from vllm_sentinel.agent.diagnosis.incidents import compute_fixes
 from vllm_sentinel.agent.diagnosis.liveconfig import LiveConfig, load_snapshot_at
-from vllm_sentinel.agent.diagnosis.sim_calibrate import lost_its_core
+from vllm_sentinel.agent.diagnosis.sim_calibrate import CALIBRATION_BOUND, lost_its_core
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
 from vllm_sentinel.agent.demo import scenarios
@@ -406,8 +406,9 @@ def test_three_restarts_predicted_then_measured(rig: Rig, tmp_path: Path,
     """The what-if model against three real restarts of the server under the same load (agent/demo/trials.py):
     the kv_cache_pressure incident's memory fix (ranked first by diagnose), a smaller --max-num-seqs and a
     larger one, each predicted from the window before any restart, then measured.
-    Every throughput prediction is within the model's 30 % bound (TTFT p95 is judged and recorded), the
-    trial ranked first measured the best goodput, and compare over the memory fix names the change, finds
+    Every throughput prediction is within the model's 30 % bound (TTFT p95 is judged and recorded) and the trial
+    ranked first measured the best goodput, where a window's steps ran at the model's speed (else the model's replay
+    of that window at its own step time holds), and compare over the memory fix names the change, finds
     preemptions down and the verdict improved, with its own prediction beside the measurement. The harness's
     flags are proven here too: --max-num-seqs queues requests. (Later tests run on this server.)"""
     before = next((r for r, _d in reversed(rig.runs) if r.name == "kv_cache_pressure"), None)
@@ -465,17 +466,26 @@ def test_three_restarts_predicted_then_measured(rig: Rig, tmp_path: Path,
     if report.model.get("withheld") and "worker ran" in report.model["withheld"]:
         pytest.skip(f"the host took vLLM's CPU in both baseline loads: {report.model['withheld']}")
     assert not report.model.get("withheld"), report.model
-    # throughput within the bound on every restart. TTFT p95 is judged (o.over, o.notes) and recorded, not asserted:
-    # the memory fix's TTFT sits at vLLM's 1 s bucket bound, where a model ~15 % fast on the bigger batch reads
-    # 0.99 s and the server 1.7-2.1 s (88-91 % of requests under 1 s, the rest somewhere in 1-2.5 s)
+    # throughput within the bound on every comparable restart. TTFT p95 is judged (o.over, o.notes) and recorded,
+    # not asserted: the memory fix's TTFT sits at vLLM's 1 s bucket bound, where a model ~15 % fast on the bigger
+    # batch reads 0.99 s and the server 1.7-2.1 s (88-91 % of requests under 1 s, the rest somewhere in 1-2.5 s)
+    # A window whose steps ran at another speed than the baseline's model (the CI host's ran 35 % faster under
+    # --max-num-seqs 3 at the same work a step: tests/agent/fixtures/restarts) judges neither the prediction nor the
+    # ranking; the model's replay of it at its own step time must still hold (scheduling, KV blocks, preemption).
+    record_property("step_speed", [(o.trial.label, o.step_speed, o.unjudged) for o in report.outcomes])
     for o in report.outcomes:
         assert o.clients.get("ok"), (o.trial.label, o.clients)
         assert o.predicted is not None, (o.trial.label, report.model)
-        if not lost_its_core(o.worker_busy):
+        if o.comparable:
             assert "generation_tokens_per_s" not in o.over, (o.trial.label, o.predicted, o.measured, o.error)
+        elif o.step_speed and o.step_speed["changed"]:
+            assert o.step_speed["replay_error"]["generation_tokens_per_s"] <= CALIBRATION_BOUND, \
+                (o.trial.label, o.step_speed)
     first, best = report.ranked_first(), report.measured_best()
-    assert first is not None and best is not None and first.trial == best.trial, \
-        [(o.trial.label, o.rank, o.goodput_rps) for o in report.outcomes]
+    assert first is not None, report.model
+    if first.comparable:
+        assert best is not None and first.trial == best.trial, \
+            [(o.trial.label, o.rank, o.goodput_rps, o.comparable) for o in report.outcomes]
     # --max-num-seqs below the load's 12 clients really queues them
     fewer = next(o for o in report.outcomes if o.trial.flag == "--max-num-seqs" and o.trial.value < 4)
     assert (fewer.measured.get("queue_p95_s") or 0) > 0, fewer.measured

@@ -118,3 +118,11 @@ def test_compares_prediction_sits_beside_what_was_measured_with_its_error(doc: d
     assert "withheld: the model does not represent a change of --dtype" in console.export_text()
     render_prediction(console, {"prediction": None})  # nothing changed: nothing printed
     assert console.export_text() == ""
+    # an after window whose steps ran at another speed: the rows stay, the head says why nothing is judged
+    unjudged = {**block, "within_bound": None, "unjudged": "the after window's engine steps took 2.65 ms <...>"}
+    render_prediction(console, {"prediction": unjudged})
+    text = console.export_text()
+    assert "not judged: the after window's engine steps took 2.65 ms <...>" in text and "0.71" in text
+    assert "within the model's" not in text and "outside the model's" not in text
+    assert "not judged: the after window's engine steps took 2.65 ms &lt;...&gt;" in \
+        compare_markdown({**doc, "prediction": unjudged}, None)

@@ -20,6 +20,7 @@ from vllm_sentinel.agent.diagnosis.compare_prediction import _sets
 from vllm_sentinel.agent.diagnosis.compare_sources import store_source
 from vllm_sentinel.agent.diagnosis.window import pack_window_evaluator
 from vllm_sentinel.agent.store.db import Store
+from vllm_sentinel.collectors.timefmt import parse_time_ms
 from tests.agent.diagnosis.test_whatif import worker_slowed
 
 
@@ -118,3 +119,34 @@ def test_memory_settings_count_through_the_block_count_the_engine_reports() -> N
                {"param": "kv_cache_size_tokens", "before": "144000", "after": "192000"}]
     assert _sets(changes) == ([("num-gpu-blocks", "12000")], [])
     assert _sets(changes[:1]) == ([], ["--gpu-memory-utilization"])  # without the engine's count: not modelled
+
+
+def _ci_host_compare(ci_host_db: tuple, trial: str) -> dict:
+    """compare over the CI host's baseline window and one restart's (tests/agent/fixtures/restarts)."""
+    path, meta = ci_host_db
+    before, after = ((parse_time_ms(a), parse_time_ms(b)) for a, b in (meta["windows"]["baseline"],
+                                                                        meta["windows"][trial]))
+    with Store.open(path, read_only=True) as store:
+        return compare(store_source(store, pack_window_evaluator(load_pack())),
+                       CompareRequest((before[0], after[1]), meta["instance"], before=before, after=after))
+
+
+def test_an_after_window_whose_steps_ran_faster_shows_the_prediction_unjudged(ci_host_db: tuple) -> None:
+    """On the CI host the --max-num-seqs 3 window's steps took 2.65 ms for the work the baseline's took 4.05 ms in:
+    the prediction (559 tokens/s) is shown beside the measurement (863) with the reason it is not judged, and the
+    model's replay of the after window at its own step time says the rest of the model held."""
+    p = _ci_host_compare(ci_host_db, "--max-num-seqs 3")["prediction"]
+    assert p["withheld"] is None and p["changes"] == ["--max-num-seqs 4 -> 3"], p
+    assert p["step_speed"]["changed"] and p["step_speed"]["ratio"] < 0.8, p["step_speed"]
+    assert "faster, past the 20% bound" in p["unjudged"] and p["within_bound"] is None and p["over"] == [], p
+    tokens = {r["key"]: r for r in p["rows"]}["generation_tokens_per_s"]
+    assert tokens["error"] > 0.3, tokens  # what would have failed the bound
+    assert p["step_speed"]["replay_error"]["generation_tokens_per_s"] <= 0.3, p["step_speed"]
+
+
+def test_an_after_window_at_the_models_speed_judges_the_prediction(ci_host_db: tuple) -> None:
+    """--max-num-seqs 8 on the same host: its steps ran within the bound of the model's speed, so the prediction is
+    judged, and held (the 8 blocks bind as at 4 sequences)."""
+    p = _ci_host_compare(ci_host_db, "--max-num-seqs 8")["prediction"]
+    assert not p["step_speed"]["changed"] and p["unjudged"] is None, p
+    assert p["within_bound"] is True and p["over"] == [], p
