@@ -59,7 +59,7 @@ DEFAULT_HOLD_S = {
     "engine_stall": 60.0,
     "engine_stall_short": 18.0,
     "idle_freeze": 20.0,
-    "kv_fragmentation": 120.0,  # labelled 66-71 s in (its 1m window, then `for: 1m`)
+    "kv_fragmentation": 100.0,  # labelled 66-71 s in (its 1m window, then `for: 1m`)
     "target_down": 50.0,
     "load_imbalance": 105.0,
 }

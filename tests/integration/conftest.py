@@ -1,7 +1,8 @@
 """Fixtures that stand a real vLLM CPU server up for integration tests.
 
-`vllm_server` is one default server for the whole session; `vllm_server_factory` starts servers
-with specific engine flags (queueing, preemption scenarios) and stops them after the test.
+`vllm_server` is one default server for the whole session; `scenario_server` one with the scenario
+settings, shared by test_fleet and test_scenarios; `vllm_server_factory` starts servers with specific
+engine flags and stops them after the test.
 Startup costs 45-90 s on 2 cores, so prefer the shared server where the default settings do.
 
 Without vLLM installed these tests are skipped, unless VLLM_SENTINEL_REQUIRE_VLLM is set (CI sets
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_sentinel.agent.demo import scenarios
 from vllm_sentinel.agent.demo.tiny_model import build_tiny_model
 from vllm_sentinel.agent.demo.vllm_server import VllmServer, VllmServerConfig
 
@@ -63,6 +65,18 @@ def vllm_server(tiny_model_dir: Path, server_log_dir: Path) -> Iterator[VllmServ
     """One real vLLM server with default settings, shared by the session."""
     server = VllmServer(VllmServerConfig(model_dir=tiny_model_dir), log_path=server_log_dir / "default.log")
     server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def scenario_server(tiny_model_dir: Path, server_log_dir: Path) -> Iterator[VllmServer]:
+    """A server with agent/demo/scenarios.py's settings (4 sequences, 8 KV blocks), shared by test_fleet (its flooded
+    replica) and test_scenarios (every scenario): one vLLM start for both. Not started here: a module takes it with
+    test_scenarios.with_scenario_settings, which also undoes what an earlier module left (a restart's flags, a stop)."""
+    server = VllmServer(scenarios.scenario_server_config(tiny_model_dir), log_path=server_log_dir / "scenarios.log")
     try:
         yield server
     finally:

@@ -29,7 +29,7 @@ from vllm_sentinel.agent.demo.traffic import TrafficPlan, run_traffic
 from vllm_sentinel.agent.demo.vllm_server import VllmServer
 from vllm_sentinel.collectors.timefmt import iso_seconds
 
-from tests.integration.test_scenarios import _wait_for_daemon
+from tests.integration.test_scenarios import _wait_for_daemon, with_scenario_settings
 
 pytestmark = pytest.mark.integration
 
@@ -60,16 +60,17 @@ def _start_both(servers: list[VllmServer]) -> None:
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_model_dir: Path, server_log_dir: Path,
+def fleet(tiny_model_dir: Path, server_log_dir: Path, scenario_server: VllmServer,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmServer, VllmServer, Path, PrometheusServer]]:
-    busy = VllmServer(scenarios.scenario_server_config(tiny_model_dir), log_path=server_log_dir / "fleet-busy.log")
+    # the flooded replica is the session's scenario server (test_scenarios runs on it next): one start fewer
+    busy = with_scenario_settings(scenario_server, tiny_model_dir, start=False)
     idle = VllmServer(scenarios.scenario_server_config(tiny_model_dir), log_path=server_log_dir / "fleet-idle.log")
     db = tmp_path_factory.mktemp("fleet") / "sentinel.duckdb"
     prom = PrometheusServer(db.parent / "prometheus", scrape_interval=f"{SCRAPE_TIMEOUT_S}s",
                             scrape_timeout=f"{SCRAPE_TIMEOUT_S}s")
     daemon = None
     try:
-        _start_both([busy, idle])
+        _start_both([s for s in (busy, idle) if not s.is_running()])
         prom.targets = [busy.instance, idle.instance]
         prom.start()
         daemon = subprocess.Popen([sys.executable, "-m", "vllm_sentinel", "run", "--target", busy.url, "--target",
@@ -90,8 +91,7 @@ def fleet(tiny_model_dir: Path, server_log_dir: Path,
             except subprocess.TimeoutExpired:
                 daemon.kill()
         prom.stop()
-        busy.stop()
-        idle.stop()
+        idle.stop()  # the flooded replica is the session's: it serves test_scenarios next
 
 
 def _wait_scraped(prom: PrometheusServer, db: Path, instances: list[str], timeout_s: float = 120) -> None:

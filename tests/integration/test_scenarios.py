@@ -76,9 +76,9 @@ def _wait_for_daemon(db: Path, daemon: subprocess.Popen[str], timeout_s: float =
 
 
 @pytest.fixture(scope="module")
-def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    server = VllmServer(scenarios.scenario_server_config(tiny_model_dir), log_path=server_log_dir / "scenarios.log")
-    server.start()
+def rig(tiny_model_dir: Path, scenario_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    # the session's scenario server (test_fleet flooded it as one replica; this module's daemon starts a fresh store)
+    server = with_scenario_settings(scenario_server, tiny_model_dir)
     db = tmp_path_factory.mktemp("scenarios") / "sentinel.duckdb"
     prometheus = PrometheusServer(db.parent / "prometheus", targets=[server.instance],
                                   scrape_interval=f"{PROMETHEUS_SCRAPE_S}s", scrape_timeout=f"{PROMETHEUS_SCRAPE_S}s")
@@ -89,7 +89,19 @@ def rig(tiny_model_dir: Path, server_log_dir: Path, tmp_path_factory: pytest.Tem
     finally:
         prometheus.stop()
         stop_daemon(rig.daemon)
+        server.stop()  # target_down stopped it already, unless the module ran in part
+
+
+def with_scenario_settings(server: VllmServer, model_dir: Path, start: bool = True) -> VllmServer:
+    """The shared scenario server with the scenario settings, running (or, with start=False, set to them and
+    stopped if it ran with others, for the caller to start beside another server)."""
+    config = scenarios.scenario_server_config(model_dir)
+    if server.config != config:
         server.stop()
+        server.config = config
+    if start and not server.is_running():
+        server.start()
+    return server
 
 
 def start_daemon(server: VllmServer, db: Path) -> subprocess.Popen[str]:
@@ -317,12 +329,16 @@ def test_engine_stall_short(rig: Rig, record_property: Callable[[str, object], N
     assert rig.server.is_running()
 
 
+# the long freeze: past the short one's 18 s by more than the rule's detection, so one incident must span it
+LONG_STALL_S = 45.0
+
+
 def test_engine_stall(rig: Rig, record_property: Callable[[str, object], None]) -> None:
-    """A 60 s freeze with requests in flight: one incident from 10 s in until the engine resumes."""
+    """A 45 s freeze with requests in flight: one incident from 10 s in until the engine resumes."""
     quiet_before_a_stall(rig)  # the previous test's stall took a dump: this one's must not be rate-limited
-    run, doc = diagnosed(rig, record_property, scenarios.engine_stall)
+    run, doc = diagnosed(rig, record_property, lambda server: scenarios.engine_stall(server, LONG_STALL_S))
     inc = assert_stall_labelled(run, doc, record_property)
-    assert inc["duration_s"] >= scenarios.DEFAULT_HOLD_S["engine_stall"] - STALL_DETECTION_S, inc
+    assert inc["duration_s"] >= LONG_STALL_S - STALL_DETECTION_S, inc
     assert rig.server.is_running()
 
 
