@@ -63,12 +63,17 @@ def table(report: TrialsReport) -> str:
         tps = f"{n(p.get('throughput_tps'))}/{n(o.measured.get('generation_tokens_per_s'))} " \
               f"({pct(o.error.get('generation_tokens_per_s'))})"
         good = f"{n(p.get('goodput_rps'))}/{n(o.goodput_rps)}"
-        judged = "-" if o.predicted is None else "over" if o.over else "in band" if o.notes else "within"
+        judged = "-" if o.predicted is None else "unjudged" if o.unjudged else "over" if o.over else \
+            "in band" if o.notes else "within"
         lines.append(f"{o.trial.label:34} {n(o.rank):>4} {ttft:>28} {tps:>28} {good:>18} "
                      f"{n(o.measured.get('frontend_s')):>10} {n(o.clients.get('mean_latency_s')):>9} {judged:>8}  "
                      f"{o.verdict}")
-    # judged: within the 30 % bound, "in band" where a p95 passed as close as vLLM's buckets tell, or over
+    # judged: within the 30 % bound, "in band" where a p95 passed as close as vLLM's buckets tell, or over;
+    # unjudged where the window's steps ran past 20 % off the model's speed (agent/diagnosis/step_speed.py)
     lines += [f"  {o.trial.label}: {note}" for o in report.outcomes for note in o.notes]
+    lines += [f"  {o.trial.label}: steps {o.step_speed['ratio']:.2f}x the model's, its replay at its own step time "
+              f"{pct(o.step_speed['replay_error'].get('generation_tokens_per_s'))} off on tokens/s"
+              for o in report.outcomes if o.step_speed]
     return "\n".join(lines)
 
 
